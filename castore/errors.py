@@ -1,0 +1,388 @@
+"""The castore error tree: every error castore raises is a `CastoreError`.
+
+    CastoreError
+    ├── UsageError (ValueError)                  the caller asked for something invalid
+    │   ├── InvalidTaskIdError                   a task id that cannot become a safe file name
+    │   ├── InvalidObjectIdError                 not 64 lowercase hex digits
+    │   ├── EncodingError                        a value outside the canonical data model
+    │   └── PayloadError                         a snapshot that must not be written
+    │       ├── SecretInPayloadError             a field or value that looks like a credential
+    │       └── SnapshotTooLargeError            over the per-snapshot size budget
+    ├── StoreError                               the store directory itself
+    │   ├── StoreNotFoundError (FileNotFoundError)
+    │   ├── StoreExistsError (FileExistsError)
+    │   ├── FormatVersionError                   written by a format this reader does not know
+    │   └── DurabilityError (OSError)            a write/fsync failed; nothing was published
+    ├── IntegrityError                           bytes on disk are not what they claim to be
+    │   ├── ObjectMissingError (KeyError)
+    │   ├── ObjectCorruptError                   hash mismatch, truncation, undecodable
+    │   └── UnsafeFileError                      symlink, FIFO or directory where a file belongs
+    ├── TaskNotFoundError (KeyError)
+    ├── TaskExistsError
+    ├── TaskBusyError (TimeoutError)             another local worker holds the task's lock
+    ├── ConflictError                            lost the compare-and-swap on a task's HEAD
+    ├── ResumeRefusedError                       the resumption gate said no
+    │   ├── ChainError (also IntegrityError)     HEAD → plan root does not verify
+    │   ├── PlanDriftError                       the caller's plan is not the task's plan
+    │   ├── EnvironmentDriftError                the live environment differs from the anchor
+    │   ├── KeylessEffectError                   an in-flight effect without idempotency key
+    │   └── MalformedFrontierError               frontier out of range, unknown step or version
+    └── EffectError
+        ├── IllegalTransitionError               a state change PROTOCOL.md does not allow
+        ├── EffectNotReadyError                  the effect's next action is not what was asked
+        └── OutcomeUnknownError                  the effect is UNRESOLVED: a person must decide
+
+Every message says what to do next. Structured fields (`path`, `task`, `expected`,
+`actual`, ...) let callers act without parsing text.
+"""
+
+from __future__ import annotations
+
+
+class CastoreError(Exception):
+    """Root of every error castore raises."""
+
+
+class UsageError(CastoreError, ValueError):
+    """The caller asked for something invalid; nothing was changed."""
+
+
+class InvalidTaskIdError(UsageError):
+    """A task id that cannot be mapped to a safe file name."""
+
+    def __init__(self, task_id: object, reason: str) -> None:
+        self.task_id = task_id
+        self.reason = reason
+        super().__init__(
+            f"invalid task id {task_id!r}: {reason}; choose a non-empty printable id of at most "
+            "200 UTF-8 bytes (letters, digits, '/', '-', unicode are all fine)"
+        )
+
+
+class InvalidObjectIdError(UsageError):
+    """An object id that is not exactly 64 lowercase hex digits."""
+
+    def __init__(self, object_id: object) -> None:
+        self.object_id = object_id
+        super().__init__(
+            f"invalid object id {object_id!r}: an object id is 64 lowercase hex digits "
+            "(a blake3 digest); copy it from `castore log` or `castore status`"
+        )
+
+
+class EncodingError(UsageError):
+    """A value outside castore's canonical data model (see docs/FORMAT.md)."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(
+            f"cannot encode value at {path}: {reason}; use only None, bool, 64-bit int, finite "
+            "float, str and lists/dicts of those (dict keys are str), or store bytes as a blob"
+        )
+
+
+class PayloadError(UsageError):
+    """A snapshot that castore refuses to write."""
+
+
+class SecretInPayloadError(PayloadError):
+    """A field name or value that looks like a credential."""
+
+    def __init__(self, path: str, why: str) -> None:
+        self.path = path
+        self.why = why
+        super().__init__(
+            f"refusing to store {path}: {why}; checkpoints must not hold credentials. Keep "
+            "the secret outside castore, or name the field in allow_fields if it is not secret"
+        )
+
+
+class SnapshotTooLargeError(PayloadError):
+    """The encoded snapshot exceeds the store's size budget."""
+
+    def __init__(self, size: int, budget: int, biggest: str) -> None:
+        self.size = size
+        self.budget = budget
+        self.biggest = biggest
+        super().__init__(
+            f"snapshot would be {size} bytes, over the budget of {budget}; the largest part is "
+            f"{biggest}. Store large results with `store.put_blob(value)` and record the returned "
+            "BlobRef instead"
+        )
+
+
+class StoreError(CastoreError):
+    """A problem with the store directory as a whole."""
+
+
+class StoreNotFoundError(StoreError, FileNotFoundError):
+    """The path is not a castore store."""
+
+    def __init__(self, path: str, detail: str = "") -> None:
+        self.path = path
+        extra = f" ({detail})" if detail else ""
+        super().__init__(
+            f"no castore store at {path}{extra}; create one with `castore init {path}` or "
+            "point --store / $CASTORE_STORE at an existing store"
+        )
+
+
+class StoreExistsError(StoreError, FileExistsError):
+    """`init` was asked to create a store where something already is."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        super().__init__(
+            f"{path} already exists and is not an empty directory; "
+            "choose a new path, or open the existing store instead of initialising it"
+        )
+
+
+class FormatVersionError(StoreError):
+    """Data written by a format version this reader does not understand."""
+
+    def __init__(self, path: str, found: object, supported: tuple[int, ...]) -> None:
+        self.path = path
+        self.found = found
+        self.supported = supported
+        super().__init__(
+            f"{path} uses castore format version {found!r}; this castore reads "
+            f"{', '.join(map(str, supported))}. Upgrade castore to read it; do not edit the store"
+        )
+
+
+class DurabilityError(StoreError, OSError):
+    """A write, fsync or publish failed; nothing was published."""
+
+    def __init__(self, path: str, operation: str, cause: OSError) -> None:
+        self.path = path
+        self.operation = operation
+        super().__init__(
+            cause.errno,
+            f"{operation} failed for {path}: {cause.strerror or cause}; nothing was published. "
+            "Check free space and the disk's health, then retry the call (never retry an fsync "
+            "on the same file: castore starts over with a new temp file)",
+        )
+
+
+class IntegrityError(CastoreError):
+    """Bytes on disk are not what their name or position says they are."""
+
+    def __init__(self, message: str, path: str = "", object_id: str = "") -> None:
+        self.path = path
+        self.object_id = object_id
+        super().__init__(message)
+
+
+class ObjectMissingError(IntegrityError, KeyError):
+    """A referenced object does not exist."""
+
+    def __init__(self, object_id: str, path: str) -> None:
+        super().__init__(
+            f"object {object_id} is missing (expected at {path}); run `castore fsck` to see "
+            "what else is damaged, and restore the store from a backup",
+            path=path,
+            object_id=object_id,
+        )
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0])
+
+
+class ObjectCorruptError(IntegrityError):
+    """An object whose bytes do not hash to its name, or do not decode."""
+
+    def __init__(self, object_id: str, path: str, reason: str) -> None:
+        self.reason = reason
+        super().__init__(
+            f"object {object_id} at {path} is corrupt: {reason}; castore will not use it. "
+            "Run `castore fsck --quarantine` and restore the object from a backup",
+            path=path,
+            object_id=object_id,
+        )
+
+
+class UnsafeFileError(IntegrityError):
+    """A symlink, FIFO, device or directory where a regular file belongs."""
+
+    def __init__(self, path: str, found: str) -> None:
+        self.found = found
+        super().__init__(
+            f"{path} is a {found}, not a regular file; castore never follows or reads it. "
+            "Something outside castore planted it: inspect and remove it by hand",
+            path=path,
+        )
+
+
+class TaskNotFoundError(CastoreError, KeyError):
+    """No task with this id exists in the store."""
+
+    def __init__(self, task_id: str) -> None:
+        self.task = task_id
+        super().__init__(
+            f"no task {task_id!r} in this store; start it with `store.start(...)` "
+            "or list tasks with `castore status`"
+        )
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class TaskExistsError(CastoreError):
+    """`start` was asked to create a task that already exists."""
+
+    def __init__(self, task_id: str) -> None:
+        self.task = task_id
+        super().__init__(
+            f"task {task_id!r} already exists; resume it with `store.resume(...)` "
+            "(or `store.open(...)`, which starts or resumes)"
+        )
+
+
+class TaskBusyError(CastoreError, TimeoutError):
+    """Another worker on this host holds the task's lock."""
+
+    def __init__(self, task_id: str, waited: float) -> None:
+        self.task = task_id
+        self.waited = waited
+        super().__init__(
+            f"task {task_id!r} is held by another worker on this host (waited {waited:g}s); "
+            "let it finish, or pass a longer lock_timeout"
+        )
+
+
+class ConflictError(CastoreError):
+    """Another writer advanced the task first: this writer's commit did not happen."""
+
+    def __init__(self, task_id: str, expected: str, actual: str, seq: int) -> None:
+        self.task = task_id
+        self.expected = expected
+        self.actual = actual
+        self.seq = seq
+        super().__init__(
+            f"task {task_id!r} moved on: expected HEAD {expected[:16]} but sequence {seq} is "
+            f"already {actual[:16]}; this commit was not made and nothing was sent. Resume the "
+            "task to continue from the new HEAD"
+        )
+
+
+class ResumeRefusedError(CastoreError):
+    """The resumption gate refused to resume a task."""
+
+    def __init__(self, message: str, task_id: str) -> None:
+        self.task = task_id
+        super().__init__(message)
+
+
+class ChainError(ResumeRefusedError, IntegrityError):
+    """The chain from HEAD back to the plan root does not verify."""
+
+    def __init__(self, task_id: str, reason: str, path: str = "", object_id: str = "") -> None:
+        self.task = task_id
+        self.reason = reason
+        self.path = path
+        self.object_id = object_id
+        Exception.__init__(
+            self,
+            f"task {task_id!r}: chain does not verify: {reason}; refusing to resume. "
+            "Run `castore fsck --task` on it and restore the named object from a backup",
+        )
+
+
+class PlanDriftError(ResumeRefusedError):
+    """The plan given to resume is not the plan the task was started with."""
+
+    def __init__(self, task_id: str, expected: str, actual: str, diff: str) -> None:
+        self.expected = expected
+        self.actual = actual
+        self.diff = diff
+        super().__init__(
+            f"task {task_id!r} was started with plan {expected[:16]} but resume was given plan "
+            f"{actual[:16]}:\n{diff}\nResume with the original plan, or accept the change "
+            "explicitly with an audited override (who, why)",
+            task_id,
+        )
+
+
+class EnvironmentDriftError(ResumeRefusedError):
+    """The live environment digest differs from the anchor recorded at HEAD."""
+
+    def __init__(self, task_id: str, expected: str | None, actual: str | None) -> None:
+        self.expected = expected
+        self.actual = actual
+        super().__init__(
+            f"task {task_id!r}: the environment changed behind its back (anchor {expected}, "
+            f"live {actual}); find out what changed it, then resume with an audited override "
+            "(who, why) if it is safe to continue",
+            task_id,
+        )
+
+
+class KeylessEffectError(ResumeRefusedError):
+    """An effect is in flight but has no idempotency key to reconcile or deduplicate it by."""
+
+    def __init__(self, task_id: str, step: str) -> None:
+        self.step = step
+        super().__init__(
+            f"task {task_id!r}: effect {step!r} is SUBMITTED without an idempotency key, so "
+            "its outcome cannot be reconciled and resending could duplicate it; decide with "
+            f"`castore resolve {task_id} {step} --confirmed RECEIPT | --not-done --reason TEXT`",
+            task_id,
+        )
+
+
+class MalformedFrontierError(ResumeRefusedError):
+    """The frontier at HEAD does not fit the plan."""
+
+    def __init__(self, task_id: str, reason: str) -> None:
+        self.reason = reason
+        super().__init__(
+            f"task {task_id!r}: malformed frontier: {reason}; the snapshot was not written by "
+            "a compatible castore. Run `castore fsck --task` and do not resume blindly",
+            task_id,
+        )
+
+
+class EffectError(CastoreError):
+    """A problem with a side effect's lifecycle."""
+
+
+class IllegalTransitionError(EffectError):
+    """A state change the effect protocol does not allow."""
+
+    def __init__(self, step: str, current: str, requested: str) -> None:
+        self.step = step
+        self.current = current
+        self.requested = requested
+        super().__init__(
+            f"effect {step!r} cannot go from {current} to {requested}; see the state diagram "
+            "in docs/PROTOCOL (README 'Side effects') for the allowed transitions"
+        )
+
+
+class EffectNotReadyError(EffectError):
+    """The effect's next action is not the one that was asked for."""
+
+    def __init__(self, step: str, state: str, next_action: str) -> None:
+        self.step = step
+        self.state = state
+        self.next_action = next_action
+        super().__init__(
+            f"effect {step!r} is {state}; its next action is {next_action!r}, "
+            "so it cannot be submitted now. Call run.next_action(step) and follow it"
+        )
+
+
+class OutcomeUnknownError(EffectError):
+    """The effect is UNRESOLVED: castore will not guess whether it happened."""
+
+    def __init__(self, task_id: str, step: str, key: str) -> None:
+        self.task = task_id
+        self.step = step
+        self.key = key
+        super().__init__(
+            f"task {task_id!r}: the outcome of effect {step!r} (key {key}) is unknown; castore "
+            f"will not resend it. Check the service, then run `castore resolve {task_id} {step} "
+            "--confirmed RECEIPT` or `--not-done --reason TEXT`"
+        )

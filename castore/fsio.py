@@ -1,0 +1,169 @@
+"""Durable file I/O: the only code that writes bytes, fsyncs, links or unlinks in a store.
+
+Publishing follows one rule: bytes are durable (file fsync) before any name points at them,
+and a name is durable (directory fsync) before anything that depends on it is written.
+A failed fsync is never retried: its temp file is removed and the error raised.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+
+from castore import crashpoints
+from castore.errors import DurabilityError, UnsafeFileError
+from castore.layout import temp_name
+
+OBJECT_MODE = 0o444
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_CHUNK = 1 << 20
+
+
+def file_kind(mode: int) -> str:
+    """A human name for what a stat mode says a path is."""
+    if stat.S_ISREG(mode):
+        return "regular file"
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    if stat.S_ISDIR(mode):
+        return "directory"
+    if stat.S_ISFIFO(mode):
+        return "FIFO"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    return "device or special file"
+
+
+def open_regular(path: str) -> int:
+    """Open `path` for reading, refusing symlinks, FIFOs, devices and directories."""
+    try:
+        fd = os.open(path, _READ_FLAGS)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafeFileError(path, "symlink") from exc
+        raise
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise UnsafeFileError(path, file_kind(mode))
+    return fd
+
+
+def read_regular(path: str) -> bytes:
+    """The whole content of a regular file, never following a link or blocking on a FIFO."""
+    fd = open_regular(path)
+    try:
+        chunks = []
+        while chunk := os.read(fd, _CHUNK):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def write_temp(directory: str, data: bytes, mode: int = OBJECT_MODE) -> str:
+    """Write `data` to a new temp file in `directory` and fsync it; return its path.
+
+    The file is created read-only: the descriptor that created it may still write, and
+    nobody can open the published object for writing afterwards.
+    """
+    path = os.path.join(directory, temp_name())
+    try:
+        fd = os.open(path, _CREATE_FLAGS, mode)
+    except FileNotFoundError:
+        raise  # the directory is missing: the caller may create it and try again
+    except OSError as exc:
+        raise DurabilityError(path, "creating a temp file", exc) from exc
+    try:
+        crashpoints.reach("object.temp_created")
+        if crashpoints.armed("object.mid_write"):
+            _write_all(fd, data[: len(data) // 2])
+            crashpoints.reach("object.mid_write")
+            _write_all(fd, data[len(data) // 2 :])
+        else:
+            _write_all(fd, data)
+        os.fsync(fd)
+    except OSError as exc:
+        os.close(fd)
+        remove_if_present(path)
+        raise DurabilityError(path, "writing and syncing a temp file", exc) from exc
+    try:
+        os.close(fd)
+    except OSError as exc:  # NFS reports deferred write errors at close
+        remove_if_present(path)
+        raise DurabilityError(path, "closing a temp file", exc) from exc
+    crashpoints.reach("object.temp_synced")
+    return path
+
+
+def link_new(source: str, target: str) -> bool:
+    """Give `source`'s inode the new name `target`; False if `target` already exists.
+
+    link() is an exclusive create on every filesystem castore supports, including network
+    filesystems whose locks do not reach other clients: "already exists" is the answer.
+    """
+    try:
+        os.link(source, target, follow_symlinks=False)
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        raise DurabilityError(target, "linking a new name", exc) from exc
+    return True
+
+
+def fsync_dir(directory: str) -> None:
+    """Make the names in `directory` durable."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise DurabilityError(directory, "opening a directory to sync it", exc) from exc
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        raise DurabilityError(directory, "syncing a directory", exc) from exc
+    finally:
+        os.close(fd)
+
+
+def remove_if_present(path: str) -> None:
+    """Unlink `path`; a missing file is fine (a crash or a peer may have removed it)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def make_dir_durable(path: str) -> bool:
+    """Create directory `path` (if needed) and make its name durable; True if created."""
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            raise UnsafeFileError(path, file_kind(os.lstat(path).st_mode)) from None
+        return False
+    except OSError as exc:
+        raise DurabilityError(path, "creating a directory", exc) from exc
+    fsync_dir(os.path.dirname(path))
+    return True
+
+
+def publish_file(directory: str, name: str, data: bytes, mode: int = OBJECT_MODE) -> bool:
+    """Durably create `directory/name` with `data`, never overwriting; True if created."""
+    temp = write_temp(directory, data, mode)
+    try:
+        created = link_new(temp, os.path.join(directory, name))
+        crashpoints.reach("object.linked")
+        if created:
+            fsync_dir(directory)
+    finally:
+        remove_if_present(temp)
+    crashpoints.reach("object.published")
+    return created

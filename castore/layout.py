@@ -1,0 +1,157 @@
+"""Pure path arithmetic: the only module that knows the names of files in a store.
+
+Nothing here touches the filesystem. Every id is validated before it becomes a path, so a
+hostile task id or object id is refused before any system call is made.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import socket
+
+from castore.errors import InvalidObjectIdError, InvalidTaskIdError
+
+MARKER_NAME = "castore.json"
+OBJECTS_DIR = "objects"
+TASKS_DIR = "tasks"
+QUARANTINE_DIR = "quarantine"
+CHAIN_DIR = "chain"
+LOCK_NAME = "lock"
+TMP_PREFIX = ".tmp-"
+
+SEQ_WIDTH = 16
+MAX_SEQ = 10**SEQ_WIDTH - 1
+MAX_TASK_ID_BYTES = 200
+
+_OBJECT_ID = re.compile(r"[0-9a-f]{64}")
+_SLOT_NAME = re.compile(r"[0-9]{16}")
+# Characters kept as they are in a task directory name. Everything else (including '.',
+# upper case and '%') is escaped, so names are injective even on case-insensitive
+# filesystems and can never be '.', '..' or hidden.
+_SAFE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-_")
+_ENCODED_TASK = re.compile(r"(?:[a-z0-9_-]|%[0-9A-F]{2})+")
+
+
+def validate_object_id(object_id: object) -> str:
+    """Return `object_id` if it is 64 lowercase hex digits, else raise."""
+    if not isinstance(object_id, str) or not _OBJECT_ID.fullmatch(object_id):
+        raise InvalidObjectIdError(object_id)
+    return object_id
+
+
+def encode_task_id(task_id: object) -> str:
+    """Map a task id to its directory name: injective, reversible, never a path escape."""
+    if not isinstance(task_id, str):
+        raise InvalidTaskIdError(task_id, "a task id is a str")
+    if not task_id:
+        raise InvalidTaskIdError(task_id, "it is empty")
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in task_id):
+        raise InvalidTaskIdError(task_id, "it contains control characters (NUL, newline, ...)")
+    try:
+        raw = task_id.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidTaskIdError(task_id, "it is not valid unicode (lone surrogate)") from None
+    if len(raw) > MAX_TASK_ID_BYTES:
+        raise InvalidTaskIdError(task_id, f"it is {len(raw)} UTF-8 bytes long")
+    out: list[str] = []
+    for byte in raw:
+        ch = chr(byte)
+        out.append(ch if ch in _SAFE_CHARS else f"%{byte:02X}")
+    return "".join(out)
+
+
+def decode_task_id(name: str) -> str:
+    """Inverse of `encode_task_id`; raises InvalidTaskIdError for a name it never produces."""
+    if not _ENCODED_TASK.fullmatch(name):
+        raise InvalidTaskIdError(name, "not a task directory name written by castore")
+    raw = bytearray()
+    i = 0
+    while i < len(name):
+        if name[i] == "%":
+            byte = int(name[i + 1 : i + 3], 16)
+            if chr(byte) in _SAFE_CHARS:
+                raise InvalidTaskIdError(name, "escapes a character that is never escaped")
+            raw.append(byte)
+            i += 3
+        else:
+            raw.append(ord(name[i]))
+            i += 1
+    try:
+        task_id = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidTaskIdError(name, "escapes bytes that are not UTF-8") from None
+    if encode_task_id(task_id) != name:
+        raise InvalidTaskIdError(name, "not the canonical encoding of any task id")
+    return task_id
+
+
+def slot_name(seq: int) -> str:
+    """The file name of a chain slot: the sequence number, zero-padded decimal."""
+    if not 0 <= seq <= MAX_SEQ:
+        raise ValueError(f"sequence number {seq} out of range")
+    return f"{seq:0{SEQ_WIDTH}d}"
+
+
+def parse_slot_name(name: str) -> int | None:
+    """The sequence number a slot file name stands for, or None if it is not a slot name."""
+    return int(name) if _SLOT_NAME.fullmatch(name) else None
+
+
+def is_object_name(name: str) -> bool:
+    """True for a well-formed object file name (64 lowercase hex digits)."""
+    return _OBJECT_ID.fullmatch(name) is not None
+
+
+def temp_name() -> str:
+    """A temp file name that says who wrote it, so fsck and gc can classify leftovers."""
+    host = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname())[:64] or "host"
+    return f"{TMP_PREFIX}{host}-{os.getpid()}-{secrets.token_hex(6)}"
+
+
+def parse_temp_name(name: str) -> tuple[str, int] | None:
+    """(host, pid) of a temp file name written by `temp_name`, or None."""
+    match = re.fullmatch(r"\.tmp-([A-Za-z0-9_-]+)-([0-9]+)-[0-9a-f]{12}", name)
+    return (match.group(1), int(match.group(2))) if match else None
+
+
+class Layout:
+    """Where each file of one store lives."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = os.path.abspath(os.fspath(root))
+
+    @property
+    def marker(self) -> str:
+        return os.path.join(self.root, MARKER_NAME)
+
+    @property
+    def objects(self) -> str:
+        return os.path.join(self.root, OBJECTS_DIR)
+
+    @property
+    def tasks(self) -> str:
+        return os.path.join(self.root, TASKS_DIR)
+
+    @property
+    def quarantine(self) -> str:
+        return os.path.join(self.root, QUARANTINE_DIR)
+
+    def fanout_dir(self, object_id: str) -> str:
+        return os.path.join(self.objects, validate_object_id(object_id)[:2])
+
+    def object_path(self, object_id: str) -> str:
+        return os.path.join(self.fanout_dir(object_id), object_id)
+
+    def task_dir(self, task_id: str) -> str:
+        return os.path.join(self.tasks, encode_task_id(task_id))
+
+    def chain_dir(self, task_id: str) -> str:
+        return os.path.join(self.task_dir(task_id), CHAIN_DIR)
+
+    def slot_path(self, task_id: str, seq: int) -> str:
+        return os.path.join(self.chain_dir(task_id), slot_name(seq))
+
+    def lock_path(self, task_id: str) -> str:
+        return os.path.join(self.task_dir(task_id), LOCK_NAME)

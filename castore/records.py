@@ -1,0 +1,150 @@
+"""The records castore stores: plans, snapshots and their parts, as frozen attrs classes.
+
+Field names and types here are the on-disk schema of format v1 (docs/FORMAT.md).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import attrs
+
+
+class EffectState(enum.StrEnum):
+    """Where a side effect stands (PROTOCOL.md)."""
+
+    PLANNED = "PLANNED"
+    SUBMITTED = "SUBMITTED"
+    CONFIRMED = "CONFIRMED"
+    UNRESOLVED = "UNRESOLVED"
+    NOT_DONE = "NOT_DONE"
+
+
+class TransitionKind(enum.StrEnum):
+    """What a snapshot records."""
+
+    START = "start"  # the task was created: frontier at the first step
+    STEP = "step"  # a plain step finished with a result
+    EFFECT = "effect"  # an effect changed state
+    RESOLVE = "resolve"  # a person decided an effect's outcome
+    OVERRIDE = "override"  # a person accepted plan or environment drift
+
+
+@attrs.frozen
+class Step:
+    """One step of a plan; `effect` steps change the outside world."""
+
+    id: str
+    effect: bool = False
+    after: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class Plan:
+    """A job's steps in execution order (a topological order of their `after` edges)."""
+
+    name: str
+    steps: tuple[Step, ...]
+    meta: dict[str, Any] = attrs.field(factory=dict)
+
+    @classmethod
+    def build(cls, name: str, *steps: str | Step, **meta: Any) -> Plan:
+        """A plan from step ids (plain steps) and `Step`s, each after the one before."""
+        built: list[Step] = []
+        for item in steps:
+            step = Step(item) if isinstance(item, str) else item
+            if not step.after and built and isinstance(item, str):
+                step = Step(step.id, step.effect, (built[-1].id,))
+            built.append(step)
+        return cls(name=name, steps=tuple(built), meta=meta)
+
+    def index(self, step_id: str) -> int:
+        """Position of `step_id` in the plan; KeyError if it is not a step of this plan."""
+        for position, step in enumerate(self.steps):
+            if step.id == step_id:
+                return position
+        raise KeyError(step_id)
+
+
+def effect(step_id: str, *after: str) -> Step:
+    """Shorthand for an effect step."""
+    return Step(step_id, effect=True, after=tuple(after))
+
+
+@attrs.frozen
+class Writer:
+    """Who wrote a snapshot."""
+
+    host: str
+    pid: int
+
+
+@attrs.frozen
+class Frontier:
+    """How far the task got: `index` steps are done; `step` is the next one (None: finished)."""
+
+    index: int
+    step: str | None
+
+
+@attrs.frozen
+class EffectRecord:
+    """An effect that is not CONFIRMED yet, as HEAD knows it."""
+
+    step: str
+    key: str | None
+    state: EffectState
+    since_ms: int
+    attempts: int = 0
+    first_submitted_ms: int | None = None
+    idempotent: bool = False
+    retention_s: int | None = None
+    reconcilable: bool = False
+    reason: str | None = None
+
+
+@attrs.frozen
+class Transition:
+    """What changed between a snapshot and its parent."""
+
+    kind: TransitionKind
+    step: str | None = None
+    result: Any = None
+    result_ref: str | None = None
+    effect_from: EffectState | None = None
+    effect_to: EffectState | None = None
+    receipt: str | None = None
+    who: str | None = None
+    why: str | None = None
+    replaced: str | None = None
+
+
+@attrs.frozen
+class Snapshot:
+    """One transition of a task; its object id is the blake3 of its framed bytes."""
+
+    task: str
+    seq: int
+    parent: str | None
+    plan: str
+    frontier: Frontier
+    effects: tuple[EffectRecord, ...]
+    transition: Transition
+    env: str | None
+    time_ms: int
+    writer: Writer
+
+    def effect(self, step_id: str) -> EffectRecord | None:
+        """The open record of effect `step_id`, or None if it has none."""
+        for record in self.effects:
+            if record.step == step_id:
+                return record
+        return None
+
+
+@attrs.frozen
+class BlobRef:
+    """A reference to a blob object, as recorded in place of a large result."""
+
+    blob: str

@@ -1,0 +1,261 @@
+"""A task being worked on: its verified HEAD, and commits that advance it one step at a time."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable, Collection, Iterator
+from types import TracebackType
+from typing import Any
+
+import attrs
+
+from castore import codec, guard
+from castore.digest import hash_chunks
+from castore.errors import CastoreError, ConflictError, UsageError
+from castore.objects import ObjectStore
+from castore.records import (
+    BlobRef,
+    EffectRecord,
+    EffectState,
+    Frontier,
+    Plan,
+    Snapshot,
+    Transition,
+    TransitionKind,
+    Writer,
+)
+from castore.refs import TaskSlots
+from castore.tasklock import TaskLock
+from castore.verify import Outcome, VerifiedChain
+
+EnvSource = str | Callable[[], str | None] | None
+Clock = Callable[[], int]
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def derive_key(task_id: str, plan_id: str, step_id: str) -> str:
+    """The default idempotency key of an effect: stable across restarts, one per task+plan+step."""
+    digest = hash_chunks([task_id.encode(), b"\0", plan_id.encode(), b"\0", step_id.encode()])
+    return f"cas-{digest[:40]}"
+
+
+@attrs.define
+class RunSettings:
+    """How a run commits: payload rules, clock and environment source."""
+
+    env: EnvSource = None
+    allow_fields: Collection[str] = ()
+    snapshot_budget: int = guard.DEFAULT_SNAPSHOT_BUDGET
+    clock: Clock = wall_clock_ms
+
+    def live_env(self) -> str | None:
+        """The environment digest now (calling the source if it is a function)."""
+        return self.env() if callable(self.env) else self.env
+
+
+def encode_snapshot(snapshot: Snapshot, settings: RunSettings) -> bytes:
+    """Snapshot bytes after the payload rules: no secrets, within the size budget."""
+    builtins = codec.to_builtins(snapshot)
+    guard.refuse_secrets(builtins, settings.allow_fields)
+    data = codec.frame("snapshot", codec.encode_value(builtins))
+    parts = {**builtins["transition"], "effects": builtins["effects"]}
+    guard.check_size(data, parts, settings.snapshot_budget)
+    return data
+
+
+def planned_record(
+    task_id: str, plan: Plan, plan_id: str, index: int, now_ms: int
+) -> EffectRecord | None:
+    """The PLANNED record of the effect at `index`, if that step is an effect."""
+    if index >= len(plan.steps) or not plan.steps[index].effect:
+        return None
+    step = plan.steps[index].id
+    return EffectRecord(step, derive_key(task_id, plan_id, step), EffectState.PLANNED, now_ms)
+
+
+def initial_snapshot(task_id: str, plan: Plan, plan_id: str, settings: RunSettings) -> Snapshot:
+    """Sequence 0 of a new task: its frontier at the first step, its parent the plan root."""
+    now = settings.clock()
+    planned = planned_record(task_id, plan, plan_id, 0, now)
+    return Snapshot(
+        task=task_id,
+        seq=0,
+        parent=None,
+        plan=plan_id,
+        frontier=Frontier(0, plan.steps[0].id),
+        effects=() if planned is None else (planned,),
+        transition=Transition(TransitionKind.START),
+        env=settings.live_env(),
+        time_ms=now,
+        writer=Writer(socket.gethostname(), os.getpid()),
+    )
+
+
+class Run:
+    """The handle an agent works through. Only a run whose commits keep winning may act."""
+
+    def __init__(
+        self,
+        objects: ObjectStore,
+        slots: TaskSlots,
+        chain: VerifiedChain,
+        settings: RunSettings,
+        lock: TaskLock | None,
+    ) -> None:
+        self.task_id = chain.task
+        self.plan: Plan = chain.plan
+        self.plan_id = chain.plan_id
+        self.head: Snapshot = chain.head
+        self.head_id = chain.head_id
+        self._objects = objects
+        self._slots = slots
+        self._outcomes: dict[str, Outcome] = dict(chain.outcomes)
+        self._settings = settings
+        self._lock = lock
+        self._stale: CastoreError | None = None
+        self._writer = Writer(socket.gethostname(), os.getpid())
+
+    # -- reading -------------------------------------------------------------------------
+    @property
+    def finished(self) -> bool:
+        return self.head.frontier.step is None and not self.head.effects
+
+    @property
+    def next_step(self) -> str | None:
+        """The step to do next, or None when every step is done."""
+        return self.head.frontier.step
+
+    def pending(self) -> Iterator[str]:
+        """Yield the next step until the plan is done; the caller commits each one."""
+        while (step := self.next_step) is not None:
+            yield step
+            if self.next_step == step:
+                raise UsageError(
+                    f"step {step!r} was yielded but not committed; commit it with "
+                    "run.commit_step(...) (or run its effect) before asking for the next one"
+                )
+
+    def done(self, step_id: str) -> bool:
+        return step_id in self._outcomes
+
+    def outcome(self, step_id: str) -> Outcome:
+        """What step `step_id` left behind; KeyError if it is not done."""
+        try:
+            return self._outcomes[step_id]
+        except KeyError:
+            raise KeyError(f"step {step_id!r} of task {self.task_id!r} is not done") from None
+
+    def result(self, step_id: str) -> Any:
+        """The result of a finished plain step (loaded from its blob if stored by reference)."""
+        found = self.outcome(step_id)
+        if found.result_ref is not None:
+            return codec.decode_value(self._objects.get(found.result_ref, "blob"))
+        return found.result
+
+    def receipt(self, step_id: str) -> str | None:
+        """The receipt a confirmed effect recorded."""
+        return self.outcome(step_id).receipt
+
+    # -- committing ----------------------------------------------------------------------
+    def commit_step(self, step_id: str, result: Any = None) -> str:
+        """Record that plain step `step_id` finished with `result`; returns the snapshot id.
+
+        Pass a `BlobRef` from `store.put_blob(...)` for a large result.
+        """
+        step = self._frontier_step(step_id)
+        if step.effect:
+            raise UsageError(
+                f"step {step_id!r} is an effect: run it with `with run.effect({step_id!r}) as "
+                "call:` so its key is persisted before the request"
+            )
+        inline, ref = (None, result.blob) if isinstance(result, BlobRef) else (result, None)
+        transition = Transition(TransitionKind.STEP, step=step_id, result=inline, result_ref=ref)
+        snapshot_id = self.advance(transition, self.head.effects, move_frontier=True)
+        self._outcomes[step_id] = Outcome(step_id, self.head.seq, inline, ref)
+        return snapshot_id
+
+    def _frontier_step(self, step_id: str) -> Any:
+        if self.head.frontier.step != step_id:
+            raise UsageError(
+                f"step {step_id!r} is not the next step of task {self.task_id!r} "
+                f"(next: {self.head.frontier.step!r}); steps run in plan order"
+            )
+        return self.plan.steps[self.head.frontier.index]
+
+    def advance(
+        self,
+        transition: Transition,
+        effects: tuple[EffectRecord, ...],
+        *,
+        move_frontier: bool = False,
+        plan_id: str | None = None,
+    ) -> str:
+        """Commit one transition as the successor of HEAD. Any loss makes this run stale."""
+        if self._stale is not None:
+            raise self._stale
+        frontier = self.head.frontier
+        if move_frontier:
+            frontier = self._frontier_at(frontier.index + 1)
+            effects = self._plan_effect(effects, frontier)
+        snapshot = Snapshot(
+            task=self.task_id,
+            seq=self.head.seq + 1,
+            parent=self.head_id,
+            plan=plan_id or self.plan_id,
+            frontier=frontier,
+            effects=tuple(sorted(effects, key=lambda r: r.step)),
+            transition=transition,
+            env=self._settings.live_env(),
+            time_ms=self._settings.clock(),
+            writer=self._writer,
+        )
+        data = encode_snapshot(snapshot, self._settings)
+        try:
+            snapshot_id = self._slots.commit(data, snapshot.seq, self.head_id)
+        except ConflictError as exc:
+            self._stale = exc
+            raise
+        self.head, self.head_id = snapshot, snapshot_id
+        return snapshot_id
+
+    def _frontier_at(self, index: int) -> Frontier:
+        steps = self.plan.steps
+        return Frontier(index, steps[index].id if index < len(steps) else None)
+
+    def _plan_effect(
+        self, effects: tuple[EffectRecord, ...], frontier: Frontier
+    ) -> tuple[EffectRecord, ...]:
+        """Persist the key of the effect the frontier reaches, before anyone may submit it."""
+        now = self._settings.clock()
+        planned = planned_record(self.task_id, self.plan, self.plan_id, frontier.index, now)
+        return effects if planned is None else (*effects, planned)
+
+    @property
+    def stale(self) -> bool:
+        """True once a commit of this run lost: it must stop and the task be resumed anew."""
+        return self._stale is not None
+
+    # -- lifetime --------------------------------------------------------------------------
+    def close(self) -> None:
+        """Release the task's local lock (the run may not commit afterwards)."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+        if self._stale is None:
+            self._stale = UsageError(f"the run of task {self.task_id!r} is closed; resume the task")
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,230 @@
+"""The store facade: create or open a store; start, resume and inspect tasks."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection
+from typing import Any
+
+from castore import codec, fsio, gate
+from castore.digest import hash_bytes
+from castore.errors import (
+    ConflictError,
+    FormatVersionError,
+    StoreExistsError,
+    StoreNotFoundError,
+    TaskExistsError,
+    UsageError,
+)
+from castore.guard import DEFAULT_SNAPSHOT_BUDGET, refuse_secrets
+from castore.layout import Layout, decode_task_id
+from castore.objects import ObjectStore
+from castore.plans import plan_bytes, validate_plan
+from castore.plans import plan_id as plan_digest
+from castore.records import BlobRef, Plan, Snapshot
+from castore.refs import TaskSlots
+from castore.run import (
+    Clock,
+    EnvSource,
+    Run,
+    RunSettings,
+    encode_snapshot,
+    initial_snapshot,
+    wall_clock_ms,
+)
+from castore.tasklock import TaskLock
+from castore.verify import VerifiedChain, decode_snapshot, verify_chain
+
+MARKER = {"format": "castore", "version": codec.FORMAT_VERSION}
+DEFAULT_LOCK_TIMEOUT = 10.0
+
+
+class Store:
+    """One store directory. Open it with `Store.open` or create it with `Store.init`."""
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        snapshot_budget: int = DEFAULT_SNAPSHOT_BUDGET,
+        clock: Clock = wall_clock_ms,
+    ) -> None:
+        self.layout = Layout(root)
+        self.root = self.layout.root
+        self.objects = ObjectStore(self.layout)
+        self._budget = snapshot_budget
+        self._clock = clock
+        self._check_marker()
+
+    # -- creating and opening --------------------------------------------------------------
+    @classmethod
+    def init(cls, root: str | os.PathLike[str], **options: Any) -> Store:
+        """Create a new, empty store at `root` (which must not exist, or be an empty dir)."""
+        layout = Layout(root)
+        if os.path.lexists(layout.root) and (
+            not os.path.isdir(layout.root) or os.path.islink(layout.root) or os.listdir(layout.root)
+        ):
+            raise StoreExistsError(layout.root)
+        parent = os.path.dirname(layout.root)
+        if not os.path.isdir(parent):
+            raise StoreNotFoundError(layout.root, f"parent directory {parent} does not exist")
+        fsio.make_dir_durable(layout.root)
+        fsio.make_dir_durable(layout.objects)
+        fsio.make_dir_durable(layout.tasks)
+        # The marker is written last: a store without it is an interrupted init.
+        fsio.publish_file(layout.root, os.path.basename(layout.marker), _marker_bytes())
+        return cls(layout.root, **options)
+
+    @classmethod
+    def open(cls, root: str | os.PathLike[str], *, create: bool = False, **options: Any) -> Store:
+        """Open the store at `root`; with `create=True`, initialise it first if absent."""
+        if create and not os.path.lexists(Layout(root).marker):
+            try:
+                return cls.init(root, **options)
+            except StoreExistsError:
+                pass  # another process created it meanwhile, or the directory has content
+        return cls(root, **options)
+
+    def _check_marker(self) -> None:
+        try:
+            data = fsio.read_regular(self.layout.marker)
+        except FileNotFoundError:
+            raise StoreNotFoundError(self.root) from None
+        try:
+            marker = codec.decode_value(data)
+        except ValueError:
+            raise StoreNotFoundError(self.root, f"{self.layout.marker} is not castore's") from None
+        if not isinstance(marker, dict) or marker.get("format") != "castore":
+            raise StoreNotFoundError(self.root, f"{self.layout.marker} is not castore's")
+        if marker.get("version") not in codec.SUPPORTED_VERSIONS:
+            raise FormatVersionError(
+                self.layout.marker, marker.get("version"), codec.SUPPORTED_VERSIONS
+            )
+
+    # -- tasks -------------------------------------------------------------------------------
+    def start(
+        self,
+        task_id: str,
+        plan: Plan,
+        *,
+        env: EnvSource = None,
+        allow_fields: Collection[str] = (),
+        lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT,
+    ) -> Run:
+        """Create task `task_id` with `plan` and return its run; TaskExistsError if it exists."""
+        slots = self._slots(task_id)
+        settings = RunSettings(env, allow_fields, self._budget, self._clock)
+        plan_id = self.put_plan(plan)
+        fsio.make_dir_durable(self.layout.task_dir(task_id))
+        fsio.make_dir_durable(slots.directory)
+        lock = self._lock(task_id, lock_timeout)
+        try:
+            head = initial_snapshot(task_id, plan, plan_id, settings)
+            try:
+                head_id = slots.commit(encode_snapshot(head, settings), 0, "<none: new task>")
+            except ConflictError:
+                raise TaskExistsError(task_id) from None
+        except BaseException:
+            if lock is not None:
+                lock.release()
+            raise
+        chain = VerifiedChain(task_id, head, head_id, plan, plan_id, plan_id, {}, 1)
+        return Run(self.objects, slots, chain, settings, lock)
+
+    def resume(
+        self,
+        task_id: str,
+        plan: Plan,
+        *,
+        env: EnvSource = None,
+        allow_fields: Collection[str] = (),
+        lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT,
+    ) -> Run:
+        """Verify task `task_id` from HEAD to its plan root, pass the gate, return its run."""
+        slots = self._slots(task_id)
+        settings = RunSettings(env, allow_fields, self._budget, self._clock)
+        validate_plan(plan)
+        plan_id = plan_digest(plan)
+        lock = self._lock(task_id, lock_timeout) if os.path.isdir(slots.directory) else None
+        try:
+            chain = verify_chain(self.objects, slots)
+            gate.check_plan(chain, plan, plan_id)
+            gate.check_frontier(task_id, chain.head, chain.plan)
+            gate.check_keys(task_id, chain.head)
+            if not gate.in_flight(chain.head):
+                # An effect still in flight may explain a difference: it is reconciled first
+                # and the environment compared after (Run.check_environment).
+                gate.check_environment(task_id, chain.head, settings.live_env())
+        except BaseException:
+            if lock is not None:
+                lock.release()
+            raise
+        return Run(self.objects, slots, chain, settings, lock)
+
+    def open_task(self, task_id: str, plan: Plan, **options: Any) -> Run:
+        """Start task `task_id`, or resume it if it exists: what a worker calls on (re)start."""
+        if self._slots(task_id).exists(0):
+            return self.resume(task_id, plan, **options)
+        try:
+            return self.start(task_id, plan, **options)
+        except TaskExistsError:
+            return self.resume(task_id, plan, **options)
+
+    def verify(self, task_id: str) -> VerifiedChain:
+        """Verify one task's chain without resuming it (read-only; ChainError if broken)."""
+        return verify_chain(self.objects, self._slots(task_id))
+
+    def tasks(self) -> list[str]:
+        """Every task id in the store, sorted."""
+        try:
+            names = os.listdir(self.layout.tasks)
+        except FileNotFoundError:
+            return []
+        found = []
+        for name in names:
+            try:
+                found.append(decode_task_id(name))
+            except UsageError:
+                continue  # not castore's: fsck reports it
+        return sorted(found)
+
+    def history(self, task_id: str) -> list[tuple[str, Snapshot]]:
+        """(id, snapshot) for every snapshot of a verified task, newest first."""
+        slots = self._slots(task_id)
+        verify_chain(self.objects, slots)
+        entries = []
+        for seq in range(slots.head_seq() or 0, -1, -1):
+            data = slots.read(seq)
+            entries.append((hash_bytes(data), decode_snapshot(data)))
+        return entries
+
+    # -- objects -----------------------------------------------------------------------------
+    def put_plan(self, plan: Plan) -> str:
+        """Store a plan object (after validating it); return its id, the plan digest."""
+        validate_plan(plan)
+        refuse_secrets(codec.to_builtins(plan))
+        return self.objects.put_framed(plan_bytes(plan))
+
+    def put_blob(self, value: Any, *, allow_fields: Collection[str] = ()) -> BlobRef:
+        """Store a large result as a blob; record the returned BlobRef in its place."""
+        refuse_secrets(value, allow_fields)
+        return BlobRef(self.objects.put("blob", codec.encode_value(value)))
+
+    def get_blob(self, ref: BlobRef | str) -> Any:
+        """The value of a blob, verified."""
+        blob_id = ref.blob if isinstance(ref, BlobRef) else ref
+        return codec.decode_value(self.objects.get(blob_id, "blob"))
+
+    def _slots(self, task_id: str) -> TaskSlots:
+        return TaskSlots(self.layout, self.objects, task_id)
+
+    def _lock(self, task_id: str, timeout: float | None) -> TaskLock | None:
+        if timeout is None:
+            return None
+        lock = TaskLock(self.layout.lock_path(task_id), task_id)
+        lock.acquire(timeout)
+        return lock
+
+
+def _marker_bytes() -> bytes:
+    return codec.encode_value(MARKER) + b"\n"

@@ -1,0 +1,200 @@
+"""Walk and verify a task's chain from HEAD back to its plan root."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from castore import codec
+from castore.digest import hash_bytes
+from castore.errors import CastoreError, ChainError, FormatVersionError, TaskNotFoundError
+from castore.layout import validate_object_id
+from castore.objects import ObjectStore
+from castore.records import Plan, Snapshot, TransitionKind
+from castore.refs import TaskSlots
+
+
+@attrs.frozen
+class Outcome:
+    """What a finished step or effect left: its result (inline or blob) or its receipt."""
+
+    step: str
+    seq: int
+    result: Any = None
+    result_ref: str | None = None
+    receipt: str | None = None
+
+
+@attrs.frozen
+class VerifiedChain:
+    """A task's chain after every hash and link was checked."""
+
+    task: str
+    head: Snapshot
+    head_id: str
+    plan: Plan
+    plan_id: str
+    root_plan_id: str
+    outcomes: dict[str, Outcome]
+    length: int
+
+
+def decode_snapshot(data: bytes) -> Snapshot:
+    """A framed snapshot object as a record (no hash check: the caller verified it)."""
+    kind, body = codec.unframe(data)
+    if kind != "snapshot":
+        raise codec.FrameError(f"a {kind}, not a snapshot", "wrong-kind")
+    return codec.from_builtins(codec.decode_value(body), Snapshot)
+
+
+def _decode_snapshot_body(task_id: str, object_id: str, data: bytes) -> dict[str, Any]:
+    try:
+        kind, body = codec.unframe(data, object_id)
+    except codec.FrameError as exc:
+        raise ChainError(
+            task_id, f"snapshot {object_id}: {exc.reason}", object_id=object_id
+        ) from None
+    if kind != "snapshot":
+        raise ChainError(task_id, f"{object_id} is a {kind}, not a snapshot", object_id=object_id)
+    try:
+        decoded = codec.decode_value(body)
+    except ValueError:
+        raise ChainError(
+            task_id, f"snapshot {object_id} does not decode", object_id=object_id
+        ) from None
+    if not isinstance(decoded, dict):
+        raise ChainError(task_id, f"snapshot {object_id} is not a record", object_id=object_id)
+    return decoded
+
+
+def _read_snapshot(objects: ObjectStore, task_id: str, object_id: object, seq: int) -> bytes:
+    try:
+        return objects.read(validate_object_id(object_id))
+    except CastoreError as exc:
+        if isinstance(exc, FormatVersionError):
+            raise
+        raise ChainError(
+            task_id, f"snapshot of sequence {seq} ({object_id}): {exc}", object_id=str(object_id)
+        ) from exc
+
+
+def _record_outcome(outcomes: dict[str, Outcome], entry: dict[str, Any], seq: int) -> None:
+    transition = entry["transition"]
+    step = transition.get("step")
+    if step is None or step in outcomes:
+        return  # the newest outcome of a step wins: the walk goes newest first
+    kind = transition["kind"]
+    if kind == TransitionKind.STEP.value:
+        outcomes[step] = Outcome(step, seq, transition.get("result"), transition.get("result_ref"))
+    elif transition.get("effect_to") == "CONFIRMED":
+        outcomes[step] = Outcome(step, seq, receipt=transition.get("receipt"))
+
+
+def verify_chain(objects: ObjectStore, slots: TaskSlots) -> VerifiedChain:
+    """Every hash, parent link, sequence number and the plan root of one task, or ChainError."""
+    task_id = slots.task_id
+    head_seq = slots.head_seq()
+    if head_seq is None:
+        raise TaskNotFoundError(task_id)
+    try:
+        slot_data = slots.read(head_seq)
+    except (OSError, CastoreError) as exc:
+        raise ChainError(
+            task_id, f"HEAD slot {head_seq} unreadable: {exc}", slots.path(head_seq)
+        ) from exc
+    head_id = hash_bytes(slot_data)
+    # The slot and the object are one inode; reading the object proves it is published.
+    data = _read_snapshot(objects, task_id, head_id, head_seq)
+    outcomes: dict[str, Outcome] = {}
+    current_id, expected_seq = head_id, head_seq
+    head_entry: dict[str, Any] | None = None
+    child: dict[str, Any] | None = None
+    seen: set[str] = set()
+    while True:
+        entry = _decode_snapshot_body(task_id, current_id, data)
+        _check_link(task_id, current_id, entry, expected_seq, child)
+        head_entry = head_entry or entry
+        _record_outcome(outcomes, entry, expected_seq)
+        seen.add(current_id)
+        parent = entry["parent"]
+        if expected_seq == 0:
+            break
+        if parent in seen:
+            raise ChainError(task_id, f"cycle: {current_id} names {parent} again", object_id=parent)
+        data = _read_snapshot(objects, task_id, parent, expected_seq - 1)
+        child, current_id, expected_seq = entry, parent, expected_seq - 1
+    return _finish(
+        objects,
+        task_id=task_id,
+        head_entry=head_entry,
+        head_id=head_id,
+        root_entry=entry,
+        outcomes=outcomes,
+        length=head_seq + 1,
+    )
+
+
+def _check_link(
+    task_id: str, object_id: str, entry: dict[str, Any], seq: int, child: dict[str, Any] | None
+) -> None:
+    if entry.get("task") != task_id:
+        raise ChainError(
+            task_id,
+            f"snapshot {object_id} belongs to task {entry.get('task')!r}",
+            object_id=object_id,
+        )
+    if entry.get("seq") != seq:
+        raise ChainError(
+            task_id,
+            f"snapshot {object_id} has sequence {entry.get('seq')}, expected {seq}",
+            object_id=object_id,
+        )
+    if (entry.get("parent") is None) != (seq == 0):
+        raise ChainError(
+            task_id,
+            f"snapshot {object_id} at sequence {seq} has parent {entry.get('parent')}",
+            object_id=object_id,
+        )
+    if child is not None and entry.get("plan") != child["plan"]:
+        transition = child["transition"]
+        if transition.get("kind") != TransitionKind.OVERRIDE.value or transition.get(
+            "replaced"
+        ) != entry.get("plan"):
+            raise ChainError(
+                task_id,
+                f"snapshot {object_id} names plan {entry.get('plan')}, "
+                f"its child names {child['plan']}",
+                object_id=object_id,
+            )
+
+
+def _finish(
+    objects: ObjectStore,
+    *,
+    task_id: str,
+    head_entry: dict[str, Any],
+    head_id: str,
+    root_entry: dict[str, Any],
+    outcomes: dict[str, Outcome],
+    length: int,
+) -> VerifiedChain:
+    try:
+        head = codec.from_builtins(head_entry, Snapshot)
+    except Exception as exc:
+        raise ChainError(
+            task_id, f"HEAD {head_id} is not a valid snapshot record: {exc}", object_id=head_id
+        ) from exc
+    plan_id = head.plan
+    try:
+        plan_body = objects.get(validate_object_id(plan_id), "plan")
+        plan = codec.from_builtins(codec.decode_value(plan_body), Plan)
+    except CastoreError as exc:
+        raise ChainError(task_id, f"plan {plan_id}: {exc}", object_id=str(plan_id)) from exc
+    except Exception as exc:
+        raise ChainError(
+            task_id, f"plan {plan_id} is not a valid plan: {exc}", object_id=plan_id
+        ) from exc
+    return VerifiedChain(
+        task_id, head, head_id, plan, plan_id, root_entry["plan"], outcomes, length
+    )
