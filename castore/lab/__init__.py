@@ -1,0 +1,1 @@
+"""The crash lab: a fake remote service, a sample worker and crash campaigns."""
