@@ -155,6 +155,14 @@ def make_dir_durable(path: str) -> bool:
     return True
 
 
+def make_dirs_durable(path: str) -> None:
+    """`make_dir_durable` for `path` and every missing parent (like mkdir -p)."""
+    parent = os.path.dirname(path)
+    if parent != path and not os.path.isdir(parent):
+        make_dirs_durable(parent)
+    make_dir_durable(path)
+
+
 def publish_file(directory: str, name: str, data: bytes, mode: int = OBJECT_MODE) -> bool:
     """Durably create `directory/name` with `data`, never overwriting; True if created."""
     temp = write_temp(directory, data, mode)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Collection
 from typing import Any
@@ -75,6 +76,7 @@ def _normalise(name: str) -> str:
     return re.sub(r"[-_. ]", "", name.lower())
 
 
+@functools.lru_cache(maxsize=4096)
 def secret_name(name: str) -> bool:
     """True if a field called `name` would hold a credential."""
     norm = _normalise(name)

@@ -61,7 +61,10 @@ class RunSettings:
 def encode_snapshot(snapshot: Snapshot, settings: RunSettings) -> bytes:
     """Snapshot bytes after the payload rules: no secrets, within the size budget."""
     builtins = codec.to_builtins(snapshot)
-    guard.refuse_secrets(builtins, settings.allow_fields)
+    # Only the transition and effect records carry caller-supplied values; the rest are
+    # castore's own ids, numbers and the task id (validated when the task was created).
+    guard.refuse_secrets(builtins["transition"], settings.allow_fields, "$.transition")
+    guard.refuse_secrets(builtins["effects"], settings.allow_fields, "$.effects")
     data = codec.frame("snapshot", codec.encode_value(builtins))
     parts = {**builtins["transition"], "effects": builtins["effects"]}
     guard.check_size(data, parts, settings.snapshot_budget)

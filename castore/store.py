@@ -65,11 +65,12 @@ class Store:
             not os.path.isdir(layout.root) or os.path.islink(layout.root) or os.listdir(layout.root)
         ):
             raise StoreExistsError(layout.root)
-        parent = os.path.dirname(layout.root)
-        if not os.path.isdir(parent):
-            raise StoreNotFoundError(layout.root, f"parent directory {parent} does not exist")
-        fsio.make_dir_durable(layout.root)
+        fsio.make_dirs_durable(layout.root)
         fsio.make_dir_durable(layout.objects)
+        for fanout in range(256):
+            # Made up front so no commit pays for a mkdir (put() still recreates one if needed).
+            os.mkdir(os.path.join(layout.objects, f"{fanout:02x}"))
+        fsio.fsync_dir(layout.objects)
         fsio.make_dir_durable(layout.tasks)
         # The marker is written last: a store without it is an interrupted init.
         fsio.publish_file(layout.root, os.path.basename(layout.marker), _marker_bytes())
