@@ -298,7 +298,7 @@ def _check_rename_over(ctx: _Context) -> tuple[Verdict, str]:
 
 
 _RENAME_READER = r"""
-import errno, json, os, sys, time
+import json, os, sys, time
 path, duration, size = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
 flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
 reads = missing = torn = 0
@@ -375,10 +375,10 @@ def _check_directory_fsync(ctx: _Context) -> tuple[Verdict, str]:
         except OSError as exc:
             if exc.errno == errno.EINVAL:
                 return "warn", (
-                    f"fsync of a directory through {label} is refused with EINVAL; castore "
-                    "ignores that (policy: EINVAL -> warn, any other error -> fail), so whether a "
-                    "published name survives a crash depends on the server committing renames "
-                    "and links itself"
+                    f"fsync of a directory through {label} is refused with EINVAL (policy: "
+                    "EINVAL -> warn, any other error -> fail): some FUSE and NFS setups cannot "
+                    "sync a directory, so whether a published name survives a crash depends on "
+                    "the server committing renames and links itself"
                 )
             raise
     return "ok", (

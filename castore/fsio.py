@@ -117,6 +117,10 @@ def link_new(source: str, target: str) -> bool:
     except FileExistsError:
         return False
     except OSError as exc:
+        # SFTP (sshfs) has no "already exists" status: a client that loses a race gets EPERM.
+        # Whoever lost, the name now exists; only when it does not did the link truly fail.
+        if os.path.lexists(target):
+            return False
         raise DurabilityError(target, "linking a new name", exc) from exc
     return True
 
