@@ -1,0 +1,112 @@
+"""The `castore` command: argument parsing, printing and exit codes (the only package that exits).
+
+Each verb lives in a module of this package with a `register(subparsers)` function. Every verb finds its store the same way: `--store PATH`, else `$CASTORE_STORE`, else
+`./.castore`; verbs whose whole job is one store also take it as a positional PATH.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+import castore
+from castore import errors
+
+DEFAULT_STORE = ".castore"
+STORE_ENV = "CASTORE_STORE"
+
+# Documented in README "Exit codes": a script can tell what went wrong without parsing text.
+EXIT_OK = 0
+EXIT_FINDINGS = 1  # fsck found errors; doctor found the filesystem unsafe
+EXIT_USAGE = 2  # bad arguments, not a store, unknown format version
+EXIT_INTEGRITY = 3  # a corrupt or missing object, a broken chain
+EXIT_CONFLICT = 4  # another writer advanced the task first
+EXIT_REFUSED = 5  # the resumption gate refused (drift, keyless effect, bad frontier)
+EXIT_UNKNOWN_OUTCOME = 6  # an effect's outcome is unknown: a person must resolve it
+EXIT_FAILURE = 7  # any other castore error (I/O, durability)
+
+_EXIT_BY_ERROR: tuple[tuple[type[BaseException], int], ...] = (
+    (errors.ChainError, EXIT_INTEGRITY),
+    (errors.ResumeRefusedError, EXIT_REFUSED),
+    (errors.UsageError, EXIT_USAGE),
+    (errors.StoreNotFoundError, EXIT_USAGE),
+    (errors.StoreExistsError, EXIT_USAGE),
+    (errors.FormatVersionError, EXIT_USAGE),
+    (errors.TaskNotFoundError, EXIT_USAGE),
+    (errors.IntegrityError, EXIT_INTEGRITY),
+    (errors.ConflictError, EXIT_CONFLICT),
+    (errors.OutcomeUnknownError, EXIT_UNKNOWN_OUTCOME),
+)
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def exit_code_for(error: BaseException) -> int:
+    """The documented exit status for a castore error."""
+    for cls, code in _EXIT_BY_ERROR:
+        if isinstance(error, cls):
+            return code
+    return EXIT_FAILURE
+
+
+def store_path(args: argparse.Namespace) -> str:
+    """The store a verb works on: positional PATH, --store, $CASTORE_STORE, ./.castore."""
+    positional = getattr(args, "path", None)
+    return str(positional or args.store or os.environ.get(STORE_ENV) or DEFAULT_STORE)
+
+
+def open_store(args: argparse.Namespace) -> castore.Store:
+    return castore.Store.open(store_path(args))
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    store = castore.Store.init(store_path(args))
+    print(f"initialised empty castore store (format {castore.codec.FORMAT_VERSION}) in {store.root}")
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="castore",
+        description="A crash-safe checkpoint store for long-running agents and their side effects.",
+    )
+    parser.add_argument("--version", action="version", version=f"castore {castore.__version__}")
+    parser.add_argument(
+        "--store", metavar="PATH", help=f"the store (default: ${STORE_ENV}, else ./{DEFAULT_STORE})"
+    )
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB")
+    verbs.required = True
+    init = verbs.add_parser("init", help="create an empty store")
+    add_path_argument(init)
+    init.set_defaults(handler=cmd_init)
+    from castore.cli import verbs as verb_modules  # noqa: PLC0415 - they import this module
+
+    for register in verb_modules.REGISTRARS:
+        register(verbs)
+    return parser
+
+
+def add_path_argument(parser: argparse.ArgumentParser) -> None:
+    """The optional positional PATH of verbs whose whole job is one store."""
+    parser.add_argument("path", nargs="?", metavar="PATH", help="the store (default: see --store)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (the console script exits with it)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except errors.CastoreError as exc:
+        print(f"castore: error: {exc}", file=sys.stderr)
+        return exit_code_for(exc)
+    except KeyboardInterrupt:
+        return 130
+
+
+def entry_point() -> None:
+    """The console script: exit with main()'s status."""
+    sys.exit(main())

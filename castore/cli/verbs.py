@@ -1,0 +1,10 @@
+"""The list of verb modules the parser registers, in the order `castore --help` shows them."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
+
+REGISTRARS: list[Registrar] = []
