@@ -6,13 +6,15 @@ import os
 import socket
 import time
 from collections.abc import Callable, Collection, Iterator
+from contextlib import AbstractContextManager
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from castore import codec, guard
+from castore import codec, gate, guard, protocol
 from castore.digest import hash_chunks
+from castore.effects import NextAction, Service
 from castore.errors import CastoreError, ConflictError, UsageError
 from castore.objects import ObjectStore
 from castore.records import (
@@ -29,6 +31,9 @@ from castore.records import (
 from castore.refs import TaskSlots
 from castore.tasklock import TaskLock
 from castore.verify import Outcome, VerifiedChain
+
+if TYPE_CHECKING:
+    from castore.protocol import Call
 
 EnvSource = str | Callable[[], str | None] | None
 Clock = Callable[[], int]
@@ -122,6 +127,8 @@ class Run:
         self._lock = lock
         self._stale: CastoreError | None = None
         self._writer = Writer(socket.gethostname(), os.getpid())
+        # Set by resume when the environment check was deferred until in-flight effects settle.
+        self.env_unverified = False
 
     # -- reading -------------------------------------------------------------------------
     @property
@@ -196,15 +203,20 @@ class Run:
         effects: tuple[EffectRecord, ...],
         *,
         move_frontier: bool = False,
+        frontier: Frontier | None = None,
         plan_id: str | None = None,
     ) -> str:
         """Commit one transition as the successor of HEAD. Any loss makes this run stale."""
         if self._stale is not None:
             raise self._stale
-        frontier = self.head.frontier
-        if move_frontier:
-            frontier = self._frontier_at(frontier.index + 1)
-            effects = self._plan_effect(effects, frontier)
+        if self.env_unverified and not gate.in_flight(self.head):
+            gate.check_environment(self.task_id, self.head, self._settings.live_env())
+            self.env_unverified = False
+        if frontier is None:
+            frontier = self.head.frontier
+            if move_frontier:
+                frontier = self._frontier_at(frontier.index + 1)
+                effects = self._plan_effect(effects, frontier)
         snapshot = Snapshot(
             task=self.task_id,
             seq=self.head.seq + 1,
@@ -213,7 +225,9 @@ class Run:
             frontier=frontier,
             effects=tuple(sorted(effects, key=lambda r: r.step)),
             transition=transition,
-            env=self._settings.live_env(),
+            # Until an in-flight effect is settled, a changed environment is unexplained:
+            # keep the old anchor rather than adopt the new one silently.
+            env=self.head.env if self.env_unverified else self._settings.live_env(),
             time_ms=self._settings.clock(),
             writer=self._writer,
         )
@@ -225,6 +239,43 @@ class Run:
             raise
         self.head, self.head_id = snapshot, snapshot_id
         return snapshot_id
+
+    def now_ms(self) -> int:
+        return self._settings.clock()
+
+    def live_env(self) -> str | None:
+        return self._settings.live_env()
+
+    def record_outcome(self, outcome: Outcome) -> None:
+        self._outcomes[outcome.step] = outcome
+
+    # -- effects (the protocol itself is in castore.protocol) --------------------------
+    def next_action(self, step_id: str | None = None) -> NextAction:
+        """The one next action for `step_id` (default: the frontier step), per PROTOCOL.md."""
+        return protocol.next_action(self, step_id)
+
+    def effect(
+        self, step_id: str, service: Service, *, key: str | None = None
+    ) -> AbstractContextManager[Call]:
+        """Submit effect `step_id`: SUBMITTED is durable before the body runs; the body
+        sends the request with `call.key` and ends with `call.confirm(receipt)`."""
+        return protocol.effect(self, step_id, service, key)
+
+    def perform(
+        self, step_id: str, service: Service, send: Callable[[str], str], *, key: str | None = None
+    ) -> str:
+        """Drive effect `step_id` to CONFIRMED whatever its state: submit, resubmit, reconcile
+        or mark it unresolved, per the next-action table. Returns the receipt."""
+        return protocol.perform(self, step_id, service, send, key)
+
+    def reconcile(self, step_id: str, service: Service) -> NextAction:
+        """Ask the service by key what happened to an in-flight effect, and commit the answer."""
+        return protocol.reconcile(self, step_id, service)
+
+    def settle(self, service: Service) -> NextAction:
+        """After a restart: reconcile or mark unresolved the frontier effect, as the table says;
+        returns what is left to do (submit, resubmit, skip, escalate, ...)."""
+        return protocol.settle(self, service)
 
     def _frontier_at(self, index: int) -> Frontier:
         steps = self.plan.steps

@@ -6,9 +6,10 @@ import os
 from collections.abc import Collection
 from typing import Any
 
-from castore import codec, fsio, gate
+from castore import codec, fsio, gate, resolution, status
 from castore.digest import hash_bytes
 from castore.errors import (
+    ChainError,
     ConflictError,
     FormatVersionError,
     StoreExistsError,
@@ -32,6 +33,7 @@ from castore.run import (
     initial_snapshot,
     wall_clock_ms,
 )
+from castore.status import TaskStatus
 from castore.tasklock import TaskLock
 from castore.verify import VerifiedChain, decode_snapshot, verify_chain
 
@@ -152,15 +154,18 @@ class Store:
             gate.check_plan(chain, plan, plan_id)
             gate.check_frontier(task_id, chain.head, chain.plan)
             gate.check_keys(task_id, chain.head)
-            if not gate.in_flight(chain.head):
-                # An effect still in flight may explain a difference: it is reconciled first
-                # and the environment compared after (Run.check_environment).
+            deferred = gate.in_flight(chain.head)
+            if not deferred:
                 gate.check_environment(task_id, chain.head, settings.live_env())
         except BaseException:
             if lock is not None:
                 lock.release()
             raise
-        return Run(self.objects, slots, chain, settings, lock)
+        run = Run(self.objects, slots, chain, settings, lock)
+        # An effect still in flight may explain a difference: it is settled first and the
+        # environment compared after, before the next commit that is not about that effect.
+        run.env_unverified = deferred
+        return run
 
     def open_task(self, task_id: str, plan: Plan, **options: Any) -> Run:
         """Start task `task_id`, or resume it if it exists: what a worker calls on (re)start."""
@@ -170,6 +175,61 @@ class Store:
             return self.start(task_id, plan, **options)
         except TaskExistsError:
             return self.resume(task_id, plan, **options)
+
+    def resolve(
+        self,
+        task_id: str,
+        step_id: str,
+        *,
+        receipt: str | None = None,
+        not_done: bool = False,
+        reason: str | None = None,
+        who: str | None = None,
+    ) -> str:
+        """A person's decision on an in-flight effect, recorded as its own snapshot (who, why):
+        CONFIRMED with `receipt`, or NOT_DONE (`not_done=True`, `reason` required)."""
+        with self._decision_run(task_id, keep_env=True) as run:
+            return resolution.resolve(
+                run, step_id, receipt=receipt, not_done=not_done, reason=reason, who=who
+            )
+
+    def override(
+        self,
+        task_id: str,
+        *,
+        who: str,
+        why: str,
+        plan: Plan | None = None,
+        env: EnvSource = None,
+    ) -> str:
+        """Accept plan drift (`plan`) and/or environment drift (`env`, the live digest) as an
+        audited snapshot naming who and why. The only way past those gate checks."""
+        new_plan_id = self.put_plan(plan) if plan is not None else None
+        with self._decision_run(task_id, keep_env=False, env=env) as run:
+            return resolution.override(run, plan, new_plan_id, who=who, why=why)
+
+    def status(self, task_id: str) -> TaskStatus:
+        """Where a task stands (a broken chain is reported in `.error`, not raised)."""
+        try:
+            chain = self.verify(task_id)
+        except (ChainError, FormatVersionError) as exc:
+            return status.broken(task_id, exc)
+        return status.describe(chain, self._clock())
+
+    def _decision_run(self, task_id: str, *, keep_env: bool, env: EnvSource = None) -> Run:
+        """A run for recording a person's decision: the chain must verify, the drift checks
+        are what the decision is about, so they are not applied."""
+        slots = self._slots(task_id)
+        lock = self._lock(task_id, DEFAULT_LOCK_TIMEOUT)
+        try:
+            chain = verify_chain(self.objects, slots)
+        except BaseException:
+            if lock is not None:
+                lock.release()
+            raise
+        anchor: EnvSource = chain.head.env if keep_env else env
+        settings = RunSettings(anchor, (), self._budget, self._clock)
+        return Run(self.objects, slots, chain, settings, lock)
 
     def verify(self, task_id: str) -> VerifiedChain:
         """Verify one task's chain without resuming it (read-only; ChainError if broken)."""

@@ -1,7 +1,8 @@
-"""The `castore` command: argument parsing, printing and exit codes (the only package that exits).
+"""The `castore` command: parsing, printing and exit codes (the only package that exits).
 
-Each verb lives in a module of this package with a `register(subparsers)` function. Every verb finds its store the same way: `--store PATH`, else `$CASTORE_STORE`, else
-`./.castore`; verbs whose whole job is one store also take it as a positional PATH.
+Each verb lives in a module of this package with a `register(subparsers)` function. Every
+verb finds its store the same way: `--store PATH`, else `$CASTORE_STORE`, else `./.castore`;
+verbs whose whole job is one store also take it as a positional PATH.
 """
 
 from __future__ import annotations
@@ -63,7 +64,9 @@ def open_store(args: argparse.Namespace) -> castore.Store:
 
 def cmd_init(args: argparse.Namespace) -> int:
     store = castore.Store.init(store_path(args))
-    print(f"initialised empty castore store (format {castore.codec.FORMAT_VERSION}) in {store.root}")
+    print(
+        f"initialised empty castore store (format {castore.codec.FORMAT_VERSION}) in {store.root}"
+    )
     return EXIT_OK
 
 

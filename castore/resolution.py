@@ -1,0 +1,121 @@
+"""Decisions a person makes about a task: resolve an effect's outcome, accept drift (audited).
+
+Each decision is its own snapshot naming who decided and why; nothing is accepted silently.
+"""
+
+from __future__ import annotations
+
+import getpass
+import socket
+
+from castore import gate
+from castore.effects import check_transition, moved_record
+from castore.errors import UsageError
+from castore.records import EffectState, Frontier, Plan, Transition, TransitionKind
+from castore.run import Run
+
+
+def default_actor() -> str:
+    """user@host of whoever runs this process: the default `who` of a decision."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def _require(text: str | None, what: str) -> str:
+    if not text or not text.strip():
+        raise UsageError(f"{what} is required: say who decided and why, for the audit trail")
+    return text.strip()
+
+
+def resolve(
+    run: Run,
+    step_id: str,
+    *,
+    receipt: str | None = None,
+    not_done: bool = False,
+    reason: str | None = None,
+    who: str | None = None,
+) -> str:
+    """Record a person's decision on an in-flight effect: CONFIRMED with `receipt`, or
+    NOT_DONE (it did not happen; it may be submitted again with the same key)."""
+    if (receipt is None) == (not not_done):
+        raise UsageError("resolve an effect either as confirmed (with a receipt) or as not done")
+    actor = _require(who or default_actor(), "who")
+    record = run.head.effect(step_id)
+    if record is None or record.state not in (EffectState.SUBMITTED, EffectState.UNRESOLVED):
+        state = "not open" if record is None else record.state.value
+        raise UsageError(
+            f"effect {step_id!r} of task {run.task_id!r} is {state}; only a SUBMITTED or "
+            "UNRESOLVED effect needs a decision (see `castore status`)"
+        )
+    kept = tuple(r for r in run.head.effects if r.step != step_id)
+    if receipt is not None:
+        check_transition(step_id, record.state, EffectState.CONFIRMED)
+        transition = Transition(
+            TransitionKind.RESOLVE,
+            step_id,
+            effect_from=record.state,
+            effect_to=EffectState.CONFIRMED,
+            receipt=receipt,
+            who=actor,
+            why=reason,
+        )
+        return run.advance(transition, kept, move_frontier=True)
+    why = _require(reason, "a reason")
+    new = moved_record(record, EffectState.NOT_DONE, run.now_ms(), why)
+    transition = Transition(
+        TransitionKind.RESOLVE,
+        step_id,
+        effect_from=record.state,
+        effect_to=EffectState.NOT_DONE,
+        who=actor,
+        why=why,
+    )
+    return run.advance(transition, (*kept, new))
+
+
+def override(
+    run: Run, new_plan: Plan | None, new_plan_id: str | None, *, who: str, why: str
+) -> str:
+    """Accept plan and/or environment drift: a snapshot that records the new plan and the live
+    environment as the task's anchor, with who accepted it and why."""
+    actor, reason = _require(who, "who"), _require(why, "why")
+    frontier = run.head.frontier
+    replaced = None
+    if new_plan is not None and new_plan_id is not None and new_plan_id != run.plan_id:
+        frontier = _remap_frontier(run, new_plan)
+        replaced = run.plan_id
+    transition = Transition(TransitionKind.OVERRIDE, who=actor, why=reason, replaced=replaced)
+    run.env_unverified = False  # the live environment is accepted as the new anchor
+    snapshot_id = run.advance(transition, run.head.effects, frontier=frontier, plan_id=new_plan_id)
+    if new_plan is not None and new_plan_id is not None:
+        run.plan, run.plan_id = new_plan, new_plan_id
+    gate.check_frontier(run.task_id, run.head, run.plan)
+    return snapshot_id
+
+
+def _remap_frontier(run: Run, plan: Plan) -> Frontier:
+    """Where the task stands in the new plan: every step before its frontier must be done."""
+    step = run.head.frontier.step
+    index = len(plan.steps) if step is None else _index_in(plan, step)
+    missing = [s.id for s in plan.steps[:index] if not run.done(s.id)]
+    if missing:
+        raise UsageError(
+            f"the new plan puts {', '.join(missing)} before the task's next step, but the task "
+            "never ran them; castore cannot accept such a plan as the same task. Start a new task"
+        )
+    for record in run.head.effects:
+        _index_in(plan, record.step)
+    return Frontier(index, plan.steps[index].id if index < len(plan.steps) else None)
+
+
+def _index_in(plan: Plan, step: str) -> int:
+    try:
+        return plan.index(step)
+    except KeyError:
+        raise UsageError(
+            f"the new plan has no step {step!r}, which the task is at; keep it in the plan"
+        ) from None

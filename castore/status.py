@@ -1,0 +1,94 @@
+"""Where each task stands: HEAD, frontier, open effects with ages, and the next action."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from castore import codec
+from castore.effects import Action, NextAction, effect_action
+from castore.errors import CastoreError
+from castore.verify import VerifiedChain
+
+
+@attrs.frozen
+class EffectStatus:
+    """One open effect as `castore status` shows it."""
+
+    step: str
+    key: str | None
+    state: str
+    age_s: float
+    attempts: int
+    next_action: str
+    reason: str
+
+
+@attrs.frozen
+class TaskStatus:
+    """One task as `castore status` shows it; `error` is set when its chain does not verify."""
+
+    task: str
+    seq: int | None = None
+    head: str | None = None
+    plan: str | None = None
+    step: str | None = None
+    finished: bool = False
+    updated_ms: int | None = None
+    effects: tuple[EffectStatus, ...] = ()
+    next_action: str = ""
+    reason: str = ""
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = codec.to_builtins(self)
+        return data
+
+
+def frontier_action(chain: VerifiedChain, now_ms: int) -> NextAction:
+    """The task's next action from its HEAD alone (the capabilities recorded at submit)."""
+    head = chain.head
+    record = head.effect(head.frontier.step) if head.frontier.step is not None else None
+    if record is not None:
+        return effect_action(record, now_ms)
+    if head.frontier.step is None:
+        return NextAction(Action.DONE, None, reason="every step is finished")
+    return NextAction(Action.RUN, head.frontier.step, reason="a plain step")
+
+
+def describe(chain: VerifiedChain, now_ms: int) -> TaskStatus:
+    """The status of a verified task."""
+    head = chain.head
+    effects = tuple(
+        EffectStatus(
+            step=record.step,
+            key=record.key,
+            state=record.state.value,
+            age_s=max(0.0, (now_ms - record.since_ms) / 1000),
+            attempts=record.attempts,
+            next_action=(action := effect_action(record, now_ms)).action.value,
+            reason=action.reason,
+        )
+        for record in head.effects
+    )
+    action = frontier_action(chain, now_ms)
+    return TaskStatus(
+        task=chain.task,
+        seq=head.seq,
+        head=chain.head_id,
+        plan=chain.plan_id,
+        step=head.frontier.step,
+        finished=head.frontier.step is None and not head.effects,
+        updated_ms=head.time_ms,
+        effects=effects,
+        next_action=action.action.value,
+        reason=action.reason,
+    )
+
+
+def broken(task_id: str, error: CastoreError) -> TaskStatus:
+    """The status of a task whose chain does not verify."""
+    return TaskStatus(
+        task=task_id, next_action="fsck", reason="chain does not verify", error=str(error)
+    )
