@@ -1,5 +1,6 @@
 """castore: a crash-safe, content-addressed checkpoint store for agents and their side effects."""
 
+from castore.effects import NOT_FOUND, Action, NextAction, Reconciled, Service, found, unknown
 from castore.errors import (
     CastoreError,
     ChainError,
@@ -41,6 +42,8 @@ from castore.store import Store
 __version__ = "0.1.0"
 
 __all__ = [
+    "NOT_FOUND",
+    "Action",
     "BlobRef",
     "CastoreError",
     "ChainError",
@@ -58,15 +61,18 @@ __all__ = [
     "InvalidTaskIdError",
     "KeylessEffectError",
     "MalformedFrontierError",
+    "NextAction",
     "ObjectCorruptError",
     "ObjectMissingError",
     "OutcomeUnknownError",
     "PayloadError",
     "Plan",
     "PlanDriftError",
+    "Reconciled",
     "ResumeRefusedError",
     "Run",
     "SecretInPayloadError",
+    "Service",
     "Snapshot",
     "SnapshotTooLargeError",
     "Step",
@@ -81,5 +87,7 @@ __all__ = [
     "UsageError",
     "__version__",
     "effect",
+    "found",
     "plan_id",
+    "unknown",
 ]

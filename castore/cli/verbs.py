@@ -1,10 +1,12 @@
-"""The list of verb modules the parser registers, in the order `castore --help` shows them."""
+"""The verb modules the parser registers, in the order `castore --help` shows them."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
 
+from castore.cli import decide, inspect
+
 Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
-REGISTRARS: list[Registrar] = []
+REGISTRARS: list[Registrar] = [inspect.register, decide.register]
