@@ -36,7 +36,7 @@ from castore.errors import (
 )
 from castore.plans import plan_id
 from castore.records import BlobRef, EffectState, Plan, Snapshot, Step, effect
-from castore.run import Run
+from castore.run import Run, derive_key
 from castore.store import Store
 
 __version__ = "0.1.0"
@@ -86,6 +86,7 @@ __all__ = [
     "UnsafeFileError",
     "UsageError",
     "__version__",
+    "derive_key",
     "effect",
     "found",
     "plan_id",

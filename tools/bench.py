@@ -1,4 +1,4 @@
-"""Benchmark castore's durable commit and verified resume against baselines measured in the same run.
+"""Benchmark castore's durable commit and verified resume against baselines from the same run.
 
     python tools/bench.py [--rounds 7] [--batch 200] [--dir PATH] [--quick]
 
@@ -25,8 +25,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from castore import Plan, Store  # noqa: E402
-from castore.run import Run  # noqa: E402
+from castore import Plan, Store
+from castore.run import Run
 
 
 def durable_replace(directory: str, name: str, data: bytes) -> None:
@@ -105,14 +105,16 @@ def timed_batch(commit: Callable[[], None], batch: int) -> float:
 
 def bench_commit(base: str, rounds: int, batch: int) -> dict[str, float]:
     run = castore_run(os.path.join(base, "c"), rounds * batch + 10)
-    payload = run._slots.read(0)  # noqa: SLF001 - the floor writes castore's own snapshot bytes
+    payload = run._slots.read(0)
     floor = Floor(os.path.join(base, "f"), payload)
     contenders: dict[str, Callable[[], None]] = {"floor": floor.commit}
     try:
         os.makedirs(os.path.join(base, "l"))
         contenders["langgraph"] = LangGraph(os.path.join(base, "l")).commit
     except ImportError:
-        print("langgraph-checkpoint-sqlite not installed: pip install -e '.[bench]'", file=sys.stderr)
+        print(
+            "langgraph-checkpoint-sqlite not installed: pip install -e '.[bench]'", file=sys.stderr
+        )
 
     def castore_commit() -> None:
         step = run.next_step
@@ -149,10 +151,14 @@ def bench_resume(base: str, length: int) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--batch", type=int, default=200)
-    parser.add_argument("--dir", default=None, help="where to put the scratch stores (default: a temp dir)")
+    parser.add_argument(
+        "--dir", default=None, help="where to put the scratch stores (default: a temp dir)"
+    )
     parser.add_argument("--quick", action="store_true", help="resume only up to 1,000 snapshots")
     args = parser.parse_args()
     base = tempfile.mkdtemp(prefix="castore-bench-", dir=args.dir)
