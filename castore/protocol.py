@@ -176,7 +176,7 @@ def reconcile(run: Run, step_id: str, service: Service) -> NextAction:
     if answer.outcome is Lookup.FOUND and answer.receipt:
         run.env_unverified = False  # the effect happened: it explains any change it made
         run.advance(
-            _transition(record, EffectState.CONFIRMED, receipt=answer.receipt),
+            _transition(record, EffectState.CONFIRMED, answer.receipt, "reconciled: found by key"),
             _replace(run, None, step_id),
             move_frontier=True,
         )
