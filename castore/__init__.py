@@ -1,6 +1,7 @@
 """castore: a crash-safe, content-addressed checkpoint store for agents and their side effects."""
 
 from castore.effects import NOT_FOUND, Action, NextAction, Reconciled, Service, found, unknown
+from castore.envdigest import env_digest, tree_digest
 from castore.errors import (
     CastoreError,
     ChainError,
@@ -42,7 +43,6 @@ from castore.store import Store
 __version__ = "0.1.0"
 
 __all__ = [
-    "NOT_FOUND",
     "Action",
     "BlobRef",
     "CastoreError",
@@ -61,6 +61,7 @@ __all__ = [
     "InvalidTaskIdError",
     "KeylessEffectError",
     "MalformedFrontierError",
+    "NOT_FOUND",
     "NextAction",
     "ObjectCorruptError",
     "ObjectMissingError",
@@ -88,7 +89,9 @@ __all__ = [
     "__version__",
     "derive_key",
     "effect",
+    "env_digest",
     "found",
     "plan_id",
+    "tree_digest",
     "unknown",
 ]

@@ -20,3 +20,16 @@ def hash_chunks(chunks: Iterable[bytes]) -> str:
     for chunk in chunks:
         hasher.update(chunk)
     return hasher.hexdigest()
+
+
+class Hasher:
+    """An incremental blake3 hash, for digests built piece by piece."""
+
+    def __init__(self) -> None:
+        self._hasher = blake3.blake3()
+
+    def update(self, data: bytes) -> None:
+        self._hasher.update(data)
+
+    def hexdigest(self) -> str:
+        return self._hasher.hexdigest()
