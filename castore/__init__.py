@@ -43,6 +43,7 @@ from castore.store import Store
 __version__ = "0.1.0"
 
 __all__ = [
+    "NOT_FOUND",
     "Action",
     "BlobRef",
     "CastoreError",
@@ -61,7 +62,6 @@ __all__ = [
     "InvalidTaskIdError",
     "KeylessEffectError",
     "MalformedFrontierError",
-    "NOT_FOUND",
     "NextAction",
     "ObjectCorruptError",
     "ObjectMissingError",
