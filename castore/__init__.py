@@ -5,6 +5,7 @@ from castore.envdigest import env_digest, tree_digest
 from castore.errors import (
     CastoreError,
     ChainError,
+    CommitUncertainError,
     ConflictError,
     DurabilityError,
     EffectError,
@@ -48,6 +49,7 @@ __all__ = [
     "BlobRef",
     "CastoreError",
     "ChainError",
+    "CommitUncertainError",
     "ConflictError",
     "DurabilityError",
     "EffectError",

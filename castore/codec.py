@@ -8,8 +8,11 @@ lists) and dict with str keys. Records (attrs classes) go through cattrs; this m
 
 from __future__ import annotations
 
+import enum
 import json
 import math
+import re
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import cattrs
@@ -25,12 +28,42 @@ MAX_HEADER = 64
 INT_MIN, INT_MAX = -(2**63), 2**63 - 1
 
 T = TypeVar("T")
+E = TypeVar("E", bound=enum.Enum)
+_NUMBER = re.compile(rb"0|[1-9][0-9]*")  # canonical decimal: no sign, no leading zero
 
 converter = cattrs.Converter(forbid_extra_keys=True)
 # StrEnum members are str subclasses, which cattrs passes through as they are; the encoder
 # accepts exact types only, so each enum of the schema unstructures to its plain value.
 for _enum in (EffectState, TransitionKind):
     converter.register_unstructure_hook(_enum, lambda member: str(member.value))
+
+
+def _exact(cls: type[T]) -> Callable[[object, type[T]], T]:
+    """A structure hook that refuses what cattrs would otherwise convert ("1" → 1, 1.7 → 1)."""
+
+    def structure(value: object, _: type[T]) -> T:
+        if type(value) is not cls and not (cls is float and type(value) is int):
+            raise TypeError(f"expected {cls.__name__}, found {type(value).__name__} {value!r}")
+        return value  # type: ignore[return-value]
+
+    return structure
+
+
+for _scalar in (int, str, bool, float):
+    converter.register_structure_hook(_scalar, _exact(_scalar))
+
+
+def _enum_hook(cls: type[E]) -> Callable[[object, type[E]], E]:
+    def structure(value: object, _: type[E]) -> E:
+        if type(value) is not str:
+            raise TypeError(f"expected a {cls.__name__} name, found {value!r}")
+        return cls(value)
+
+    return structure
+
+
+for _enum in (EffectState, TransitionKind):
+    converter.register_structure_hook(_enum, _enum_hook(_enum))
 
 
 def _check(value: object, path: str) -> None:
@@ -75,9 +108,43 @@ def encode_value(value: object) -> bytes:
     return text.encode("utf-8")
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        raise ValueError("duplicate key in an object: readers could disagree on its value")
+    return value
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not part of the data model")
+
+
+def _bounded_int(text: str) -> int:
+    value = int(text)
+    if not INT_MIN <= value <= INT_MAX:
+        raise ValueError(f"integer {text} does not fit in 64 bits")
+    return value
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text} is not finite")
+    return value
+
+
+_DECODER = json.JSONDecoder(
+    object_pairs_hook=_unique_keys,
+    parse_constant=_refuse_constant,
+    parse_int=_bounded_int,
+    parse_float=_finite_float,
+)
+
+
 def decode_value(data: bytes) -> Any:
-    """Parse canonical bytes back into a value (lists stay lists)."""
-    return json.loads(data)
+    """Parse UTF-8 JSON back into a value, refusing what the data model excludes
+    (NaN, infinities, ints beyond 64 bits, duplicate keys). Lists stay lists."""
+    return _DECODER.decode(data.decode("utf-8"))
 
 
 def frame(kind: str, body: bytes) -> bytes:
@@ -103,7 +170,12 @@ def unframe(data: bytes, where: str = "object") -> tuple[str, bytes]:
         code = "empty" if not data else "bad-header"
         raise FrameError("no object header" if data else "file is empty", code)
     parts = data[:newline].split(b" ")
-    if len(parts) != 4 or parts[0] != MAGIC or not parts[1].isdigit() or not parts[3].isdigit():
+    if (
+        len(parts) != 4
+        or parts[0] != MAGIC
+        or not _NUMBER.fullmatch(parts[1])
+        or not _NUMBER.fullmatch(parts[3])
+    ):
         raise FrameError("malformed object header", "bad-header")
     version = int(parts[1])
     if version not in SUPPORTED_VERSIONS:

@@ -13,6 +13,7 @@
     │   ├── StoreExistsError (FileExistsError)
     │   ├── FormatVersionError                   written by a format this reader does not know
     │   └── DurabilityError (OSError)            a write/fsync failed; nothing was published
+    │       └── CommitUncertainError             the commit point was taken, its fsync failed
     ├── IntegrityError                           bytes on disk are not what they claim to be
     │   ├── ObjectMissingError (KeyError)
     │   ├── ObjectCorruptError                   hash mismatch, truncation, undecodable
@@ -54,8 +55,8 @@ class InvalidTaskIdError(UsageError):
         self.task_id = task_id
         self.reason = reason
         super().__init__(
-            f"invalid task id {task_id!r}: {reason}; choose a non-empty printable id of at most "
-            "200 UTF-8 bytes (letters, digits, '/', '-', unicode are all fine)"
+            f"invalid task id {task_id!r}: {reason}; choose a non-empty printable id whose "
+            "directory name fits 240 bytes (a-z, 0-9, '-', '_' take 1 byte, others 3)"
         )
 
 
@@ -163,6 +164,21 @@ class DurabilityError(StoreError, OSError):
             f"{operation} failed for {path}: {cause.strerror or cause}; nothing was published. "
             "Check free space and the disk's health, then retry the call (never retry an fsync "
             "on the same file: castore starts over with a new temp file)",
+        )
+
+
+class CommitUncertainError(DurabilityError):
+    """The commit point was taken but could not be made durable: it may or may not survive."""
+
+    def __init__(self, path: str, cause: OSError) -> None:
+        self.path = path
+        self.operation = "syncing the chain directory after the commit point"
+        OSError.__init__(
+            self,
+            cause.errno,
+            f"the commit {path} was linked but its directory could not be synced "
+            f"({cause.strerror or cause}): other workers may see it, a power loss may undo it. "
+            "This run stops; check the disk, then resume the task to see where it stands",
         )
 
 

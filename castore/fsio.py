@@ -152,6 +152,8 @@ def make_dir_durable(path: str) -> bool:
     except FileExistsError:
         if not stat.S_ISDIR(os.lstat(path).st_mode):
             raise UnsafeFileError(path, file_kind(os.lstat(path).st_mode)) from None
+        # It may be the name of a writer that crashed before its fsync: make it durable now.
+        fsync_dir(os.path.dirname(path))
         return False
     except OSError as exc:
         raise DurabilityError(path, "creating a directory", exc) from exc
@@ -173,8 +175,8 @@ def publish_file(directory: str, name: str, data: bytes, mode: int = OBJECT_MODE
     try:
         created = link_new(temp, os.path.join(directory, name))
         crashpoints.reach("object.linked")
-        if created:
-            fsync_dir(directory)
+        # Also when the name existed: it may be a crashed writer's name that no fsync covered.
+        fsync_dir(directory)
     finally:
         remove_if_present(temp)
     crashpoints.reach("object.published")

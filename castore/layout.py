@@ -24,6 +24,8 @@ TMP_PREFIX = ".tmp-"
 SEQ_WIDTH = 16
 MAX_SEQ = 10**SEQ_WIDTH - 1
 MAX_TASK_ID_BYTES = 200
+# Directory names must fit NAME_MAX (255 bytes) on every filesystem castore supports.
+MAX_TASK_NAME = 240
 
 _OBJECT_ID = re.compile(r"[0-9a-f]{64}")
 _SLOT_NAME = re.compile(r"[0-9]{16}")
@@ -59,7 +61,14 @@ def encode_task_id(task_id: object) -> str:
     for byte in raw:
         ch = chr(byte)
         out.append(ch if ch in _SAFE_CHARS else f"%{byte:02X}")
-    return "".join(out)
+    name = "".join(out)
+    if len(name) > MAX_TASK_NAME:
+        raise InvalidTaskIdError(
+            task_id,
+            f"its directory name would be {len(name)} bytes (each character other than a-z, "
+            f"0-9, '-' and '_' takes 3), over {MAX_TASK_NAME}",
+        )
+    return name
 
 
 def decode_task_id(name: str) -> str:

@@ -12,8 +12,8 @@ import os
 
 from castore import crashpoints, fsio
 from castore.digest import hash_bytes
-from castore.errors import ConflictError
-from castore.layout import Layout
+from castore.errors import CommitUncertainError, ConflictError, DurabilityError
+from castore.layout import Layout, parse_slot_name
 from castore.objects import ObjectStore
 
 
@@ -51,6 +51,16 @@ class TaskSlots:
                 high = middle
         return low
 
+    def present(self) -> list[int]:
+        """Every slot number in the chain directory (one directory read)."""
+        found = []
+        with os.scandir(self.directory) as entries:
+            for entry in entries:
+                seq = parse_slot_name(entry.name)
+                if seq is not None:
+                    found.append(seq)
+        return sorted(found)
+
     def read(self, seq: int) -> bytes:
         return fsio.read_regular(self.path(seq))
 
@@ -63,9 +73,15 @@ class TaskSlots:
         object_id = self._objects.put_framed(data)
         crashpoints.reach("commit.before_link")
         if not fsio.link_new(self._objects.path(object_id), self.path(seq)):
-            raise ConflictError(self.task_id, expected_parent, self._actual(seq), seq)
+            actual = self._actual(seq)
+            # A retransmitted link() on NFS can report EEXIST for its own success.
+            if actual != object_id:
+                raise ConflictError(self.task_id, expected_parent, actual, seq)
         crashpoints.reach("commit.linked")
-        fsio.fsync_dir(self.directory)
+        try:
+            fsio.fsync_dir(self.directory)
+        except DurabilityError as exc:
+            raise CommitUncertainError(self.path(seq), exc) from exc
         crashpoints.reach("commit.done")
         return object_id
 

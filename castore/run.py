@@ -15,7 +15,8 @@ import attrs
 from castore import codec, gate, guard, protocol
 from castore.digest import hash_chunks
 from castore.effects import NextAction, Service
-from castore.errors import CastoreError, ConflictError, UsageError
+from castore.errors import CastoreError, CommitUncertainError, ConflictError, UsageError
+from castore.layout import validate_object_id
 from castore.objects import ObjectStore
 from castore.records import (
     BlobRef,
@@ -184,6 +185,8 @@ class Run:
                 "call:` so its key is persisted before the request"
             )
         inline, ref = (None, result.blob) if isinstance(result, BlobRef) else (result, None)
+        if ref is not None and not self._objects.exists(validate_object_id(ref)):
+            raise UsageError(f"blob {ref} is not in this store; store it with store.put_blob()")
         transition = Transition(TransitionKind.STEP, step=step_id, result=inline, result_ref=ref)
         snapshot_id = self.advance(transition, self.head.effects, move_frontier=True)
         self._outcomes[step_id] = Outcome(step_id, self.head.seq, inline, ref)
@@ -234,8 +237,8 @@ class Run:
         data = encode_snapshot(snapshot, self._settings)
         try:
             snapshot_id = self._slots.commit(data, snapshot.seq, self.head_id)
-        except ConflictError as exc:
-            self._stale = exc
+        except (ConflictError, CommitUncertainError) as exc:
+            self._stale = exc  # the run no longer knows HEAD: it must stop and resume
             raise
         self.head, self.head_id = snapshot, snapshot_id
         return snapshot_id

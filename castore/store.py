@@ -7,7 +7,6 @@ from collections.abc import Collection
 from typing import Any
 
 from castore import codec, fsio, gate, resolution, status
-from castore.digest import hash_bytes
 from castore.errors import (
     ChainError,
     ConflictError,
@@ -131,7 +130,7 @@ class Store:
             if lock is not None:
                 lock.release()
             raise
-        chain = VerifiedChain(task_id, head, head_id, plan, plan_id, plan_id, {}, 1)
+        chain = VerifiedChain(task_id, head, head_id, plan, plan_id, plan_id, {}, (head_id,))
         return Run(self.objects, slots, chain, settings, lock)
 
     def resume(
@@ -251,13 +250,8 @@ class Store:
 
     def history(self, task_id: str) -> list[tuple[str, Snapshot]]:
         """(id, snapshot) for every snapshot of a verified task, newest first."""
-        slots = self._slots(task_id)
-        verify_chain(self.objects, slots)
-        entries = []
-        for seq in range(slots.head_seq() or 0, -1, -1):
-            data = slots.read(seq)
-            entries.append((hash_bytes(data), decode_snapshot(data)))
-        return entries
+        chain = verify_chain(self.objects, self._slots(task_id))
+        return [(i, decode_snapshot(self.objects.read(i))) for i in chain.ids]
 
     # -- objects -----------------------------------------------------------------------------
     def put_plan(self, plan: Plan) -> str:
@@ -283,8 +277,7 @@ class Store:
         if timeout is None:
             return None
         lock = TaskLock(self.layout.lock_path(task_id), task_id)
-        lock.acquire(timeout)
-        return lock
+        return lock if lock.acquire(timeout) else None
 
 
 def _marker_bytes() -> bytes:

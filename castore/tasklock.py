@@ -7,11 +7,14 @@ spares local contenders a ConflictError.
 
 from __future__ import annotations
 
+import errno
+
 import filelock
 
 from castore.errors import TaskBusyError
 
 LOCK_MODE = 0o664  # group members share a store
+_NO_FLOCK = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP}
 
 
 class TaskLock:
@@ -19,14 +22,28 @@ class TaskLock:
 
     def __init__(self, path: str, task_id: str) -> None:
         self._task_id = task_id
-        self._lock = filelock.FileLock(path, mode=LOCK_MODE, thread_local=False)
+        # Never delete the lock file (unlinking splits waiters across inodes), and never fall
+        # back to filelock's soft lock, which a crashed holder on another host would wedge.
+        self._lock = filelock.FileLock(
+            path,
+            mode=LOCK_MODE,
+            thread_local=False,
+            preserve_lock_file=True,
+            fallback_to_soft=False,
+        )
 
-    def acquire(self, timeout: float) -> None:
-        """Wait up to `timeout` seconds (negative: forever) for the lock."""
+    def acquire(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds (negative: forever) for the lock; False if this
+        filesystem has no flock at all (then the commit point alone keeps commits safe)."""
         try:
             self._lock.acquire(timeout=timeout)
         except filelock.Timeout:
             raise TaskBusyError(self._task_id, timeout) from None
+        except (NotImplementedError, OSError) as exc:
+            if isinstance(exc, OSError) and exc.errno not in _NO_FLOCK:
+                raise
+            return False
+        return True
 
     def release(self) -> None:
         """Release the lock; the lock file stays (unlinking it would split waiters)."""

@@ -37,7 +37,11 @@ class VerifiedChain:
     plan_id: str
     root_plan_id: str
     outcomes: dict[str, Outcome]
-    length: int
+    ids: tuple[str, ...]  # every snapshot id, newest first
+
+    @property
+    def length(self) -> int:
+        return len(self.ids)
 
 
 def decode_snapshot(data: bytes) -> Snapshot:
@@ -103,6 +107,7 @@ def verify_chain(objects: ObjectStore, slots: TaskSlots) -> VerifiedChain:
         raise ChainError(
             task_id, f"HEAD slot {head_seq} unreadable: {exc}", slots.path(head_seq)
         ) from exc
+    _check_contiguous(slots, head_seq)
     head_id = hash_bytes(slot_data)
     # The slot and the object are one inode; reading the object proves it is published.
     data = _read_snapshot(objects, task_id, head_id, head_seq)
@@ -110,17 +115,19 @@ def verify_chain(objects: ObjectStore, slots: TaskSlots) -> VerifiedChain:
     current_id, expected_seq = head_id, head_seq
     head_entry: dict[str, Any] | None = None
     child: dict[str, Any] | None = None
-    seen: set[str] = set()
+    seen: list[str] = []
+    seen_set: set[str] = set()
     while True:
         entry = _decode_snapshot_body(task_id, current_id, data)
         _check_link(task_id, current_id, entry, expected_seq, child)
         head_entry = head_entry or entry
         _record_outcome(outcomes, entry, expected_seq)
-        seen.add(current_id)
+        seen.append(current_id)
+        seen_set.add(current_id)
         parent = entry["parent"]
         if expected_seq == 0:
             break
-        if parent in seen:
+        if parent in seen_set:  # unreachable while seq strictly decreases; kept as a guard
             raise ChainError(task_id, f"cycle: {current_id} names {parent} again", object_id=parent)
         data = _read_snapshot(objects, task_id, parent, expected_seq - 1)
         child, current_id, expected_seq = entry, parent, expected_seq - 1
@@ -131,13 +138,50 @@ def verify_chain(objects: ObjectStore, slots: TaskSlots) -> VerifiedChain:
         head_id=head_id,
         root_entry=entry,
         outcomes=outcomes,
-        length=head_seq + 1,
+        ids=tuple(seen),
     )
+
+
+def _check_contiguous(slots: TaskSlots, head_seq: int) -> None:
+    """Slots 0..HEAD, no gap, nothing beyond. HEAD lookup is a binary search that trusts this;
+    a deleted middle slot would otherwise roll HEAD back and let a second successor commit."""
+    present = slots.present()
+    if len(present) != head_seq + 1 or present[-1] != head_seq:
+        missing = sorted(set(range(present[-1] + 1)) - set(present))
+        raise ChainError(
+            slots.task_id,
+            f"chain slots are not contiguous: {len(present)} slots up to {present[-1]}, "
+            f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}",
+            slots.directory,
+        )
+
+
+# The fields the walk relies on, with their exact JSON types (full schema checks: fsck).
+_LINK_FIELDS: dict[str, tuple[type, ...]] = {
+    "task": (str,),
+    "seq": (int,),
+    "parent": (str, type(None)),
+    "plan": (str,),
+    "transition": (dict,),
+}
 
 
 def _check_link(
     task_id: str, object_id: str, entry: dict[str, Any], seq: int, child: dict[str, Any] | None
 ) -> None:
+    for name, types in _LINK_FIELDS.items():
+        if name not in entry or type(entry[name]) not in types:
+            raise ChainError(
+                task_id, f"snapshot {object_id} lacks a valid {name!r} field", object_id=object_id
+            )
+    is_start = entry["transition"].get("kind") == TransitionKind.START.value
+    if is_start != (seq == 0):
+        raise ChainError(
+            task_id,
+            f"snapshot {object_id} at sequence {seq} records "
+            f"{'a start' if is_start else 'no start'}; only sequence 0 starts a task",
+            object_id=object_id,
+        )
     if entry.get("task") != task_id:
         raise ChainError(
             task_id,
@@ -177,7 +221,7 @@ def _finish(
     head_id: str,
     root_entry: dict[str, Any],
     outcomes: dict[str, Outcome],
-    length: int,
+    ids: tuple[str, ...],
 ) -> VerifiedChain:
     try:
         head = codec.from_builtins(head_entry, Snapshot)
@@ -185,16 +229,22 @@ def _finish(
         raise ChainError(
             task_id, f"HEAD {head_id} is not a valid snapshot record: {exc}", object_id=head_id
         ) from exc
-    plan_id = head.plan
+    plan = read_plan(objects, task_id, head.plan)
+    if root_entry["plan"] != head.plan:
+        read_plan(objects, task_id, root_entry["plan"])  # the plan root must verify too
+    return VerifiedChain(task_id, head, head_id, plan, head.plan, root_entry["plan"], outcomes, ids)
+
+
+def read_plan(objects: ObjectStore, task_id: str, plan_id: str) -> Plan:
+    """A plan object, verified and decoded; ChainError (or FormatVersionError) if it is not."""
     try:
         plan_body = objects.get(validate_object_id(plan_id), "plan")
-        plan = codec.from_builtins(codec.decode_value(plan_body), Plan)
+        return codec.from_builtins(codec.decode_value(plan_body), Plan)
+    except FormatVersionError:
+        raise
     except CastoreError as exc:
         raise ChainError(task_id, f"plan {plan_id}: {exc}", object_id=str(plan_id)) from exc
     except Exception as exc:
         raise ChainError(
             task_id, f"plan {plan_id} is not a valid plan: {exc}", object_id=plan_id
         ) from exc
-    return VerifiedChain(
-        task_id, head, head_id, plan, plan_id, root_entry["plan"], outcomes, length
-    )

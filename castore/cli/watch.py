@@ -1,0 +1,248 @@
+"""`castore watch`: follow a store and print one line per alert, optionally running a hook."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import queue
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import TYPE_CHECKING
+
+from castore.cli import EXIT_OK, add_path_argument, store_path
+from castore.errors import UsageError
+
+if TYPE_CHECKING:
+    from castore.alerts import Alert
+
+log = logging.getLogger(__name__)
+
+DEFAULT_EXEC_TIMEOUT_S = 10.0
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)([smhd]?)")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from `300`, `300s`, `5m`, `2h`, `1d` (or a decimal, as in `0.5`)."""
+    match = _DURATION.fullmatch(text.strip().lower())
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a duration: give seconds, or a number with s, m, h or d "
+            "(300, 300s, 5m, 2h, 1d)"
+        )
+    seconds = float(match.group(1)) * _UNITS[match.group(2)]
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a duration must be more than zero")
+    return seconds
+
+
+def alert_line(alert: Alert) -> str:
+    """One alert as one line for people: UTC time, RAISED/CLEARED, kind, what to do."""
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(alert.time))
+    return f"{when} {alert.status.upper()} {alert.kind}: {alert.message}"
+
+
+def alert_json(alert: Alert) -> str:
+    return json.dumps(alert.to_json(), sort_keys=True, ensure_ascii=False)
+
+
+class Hooks:
+    """Runs `--exec` once per alert, the alert JSON on its stdin, on a thread of its own so a
+    slow hook never delays the next alert line. A hook that fails or hangs is logged."""
+
+    def __init__(self, argv: list[str], timeout: float) -> None:
+        self._argv = argv
+        self._timeout = timeout
+        self._queue: queue.Queue[Alert | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="castore-watch-hooks", daemon=True)
+        self._thread.start()
+
+    def submit(self, alert: Alert) -> None:
+        self._queue.put(alert)
+
+    def close(self) -> None:
+        """Skip hooks not started yet; let the running one finish (within its timeout)."""
+        skipped = 0
+        with contextlib.suppress(queue.Empty):
+            while True:
+                skipped += self._queue.get_nowait() is not None
+        if skipped:
+            log.warning("shutting down: skipped the hook for %d alert(s)", skipped)
+        self._queue.put(None)
+        self._thread.join(timeout=self._timeout + 5.0)
+
+    def _run(self) -> None:
+        while (alert := self._queue.get()) is not None:
+            try:
+                self._call(alert)
+            except Exception:  # a hook must never stop the watcher
+                log.exception("hook %s failed", shlex.join(self._argv))
+
+    def _call(self, alert: Alert) -> None:
+        what = f"{alert.status} {alert.kind} alert"
+        command = shlex.join(self._argv)
+        try:
+            # The command line is the operator's own --exec, run without a shell. Its own
+            # session lets a timeout kill everything it started. Its stdout goes to our
+            # stderr (fd 2) so it never mixes with the alert stream on stdout.
+            child = subprocess.Popen(  # noqa: S603
+                self._argv, stdin=subprocess.PIPE, stdout=2, start_new_session=True
+            )
+        except OSError as exc:
+            log.warning("hook %s could not start for a %s: %s", command, what, exc)
+            return
+        try:
+            child.communicate((alert_json(alert) + "\n").encode(), timeout=self._timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            log.warning(
+                "hook %s timed out after %gs on a %s; killed it", command, self._timeout, what
+            )
+            return
+        if child.returncode != 0:
+            log.warning("hook %s exited %d on a %s", command, child.returncode, what)
+
+
+def _hook_argv(command: str | None) -> list[str] | None:
+    if command is None:
+        return None
+    argv = shlex.split(command)
+    if not argv:
+        raise UsageError("--exec needs a command, as in --exec 'notify-team --channel ops'")
+    if shutil.which(argv[0]) is None:
+        raise UsageError(f"--exec: {argv[0]!r} is not an executable file or on PATH")
+    return argv
+
+
+def _printer(as_json: bool, hooks: Hooks | None, stop: threading.Event) -> Callable[[Alert], None]:
+    def on_alert(alert: Alert) -> None:
+        try:
+            print(alert_json(alert) if as_json else alert_line(alert), flush=True)
+        except BrokenPipeError:
+            # The reader went away (`castore watch | head -1`): stop quietly, and keep the
+            # interpreter's final flush from complaining about the closed pipe.
+            with contextlib.suppress(OSError, ValueError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            stop.set()
+            return
+        if hooks is not None:
+            hooks.submit(alert)
+
+    return on_alert
+
+
+@contextlib.contextmanager
+def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
+    """SIGINT and SIGTERM end the watch cleanly (only the main thread may set handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+@contextlib.contextmanager
+def _log_to_stderr() -> Iterator[None]:
+    """The watcher's and the hooks' warnings, one line each on stderr, while the verb runs."""
+    logger = logging.getLogger("castore")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("castore watch: %(levelname)s: %(message)s"))
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    # Imported here, not at the top: only this verb needs watchdog, and every verb module
+    # is imported whenever the parser is built.
+    from castore.watch import Watcher  # noqa: PLC0415
+
+    argv = _hook_argv(args.exec)
+    stop = threading.Event()
+    with _log_to_stderr(), _stop_on_signals(stop):
+        hooks = Hooks(argv, args.exec_timeout) if argv is not None else None
+        try:
+            watcher = Watcher(
+                store_path(args),
+                _printer(args.json, hooks, stop),
+                stuck_after=args.stuck_after,
+                poll=args.poll,
+                rescan_every=args.rescan,
+            )
+            print(
+                f"castore watch: watching {watcher.root} ({watcher.mode}; rescan every "
+                f"{args.rescan:g}s; stuck after {args.stuck_after:g}s); stop with Ctrl-C",
+                file=sys.stderr,
+                flush=True,
+            )
+            with watcher:
+                while not stop.wait(1.0):
+                    pass
+        finally:
+            if hooks is not None:
+                hooks.close()
+    return EXIT_OK
+
+
+def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    watch = verbs.add_parser(
+        "watch", help="follow a store; alert on unresolved, stuck or expiring effects"
+    )
+    add_path_argument(watch)
+    watch.add_argument("--json", action="store_true", help="one JSON object per alert")
+    watch.add_argument(
+        "--stuck-after",
+        type=parse_duration,
+        default=300.0,
+        metavar="DURATION",
+        help="alert on an effect SUBMITTED this long (300, 300s, 5m, 2h, 1d; default 5m)",
+    )
+    watch.add_argument(
+        "--poll",
+        type=parse_duration,
+        metavar="SECONDS",
+        help="poll every SECONDS instead of inotify (network filesystems: NFS, sshfs, CephFS)",
+    )
+    watch.add_argument(
+        "--rescan",
+        type=parse_duration,
+        default=30.0,
+        metavar="SECONDS",
+        help="re-read every task this often, whatever the events say (default 30s)",
+    )
+    watch.add_argument(
+        "--exec",
+        metavar="CMD",
+        help="run CMD (no shell) per alert with the alert JSON on stdin",
+    )
+    watch.add_argument(
+        "--exec-timeout",
+        type=parse_duration,
+        default=DEFAULT_EXEC_TIMEOUT_S,
+        metavar="SECONDS",
+        help="kill a hook still running after this long (default 10s)",
+    )
+    watch.set_defaults(handler=cmd_watch)

@@ -1,0 +1,422 @@
+"""Filesystem-watch alerts on a store (the only importer of watchdog); not imported by `castore`.
+
+A `Watcher` follows a store's commits and calls `on_alert` once when a condition starts
+(`raised`) and once when it ends (`cleared`): an effect UNRESOLVED, SUBMITTED for too long,
+near or past its service's idempotency retention, a chain that no longer verifies, or the
+filesystem observer itself dying. Filesystem events are only hints: each one makes the
+watcher re-read and verify the task it names, and a periodic rescan catches whatever the
+events missed (a dropped inotify queue, another host's write on a network filesystem).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+from types import TracebackType
+
+from watchdog.events import (
+    DirCreatedEvent,
+    DirDeletedEvent,
+    DirMovedEvent,
+    FileCreatedEvent,
+    FileDeletedEvent,
+    FileModifiedEvent,
+    FileMovedEvent,
+    FileSystemEvent,
+    FileSystemEventHandler,
+)
+from watchdog.observers import Observer
+from watchdog.observers.api import BaseObserver
+from watchdog.observers.polling import PollingObserver
+
+from castore.alerts import Alert, Condition, Ident, Reading, broken, gone, read_chain, span
+from castore.errors import (
+    FormatVersionError,
+    IntegrityError,
+    InvalidTaskIdError,
+    TaskNotFoundError,
+    UsageError,
+)
+from castore.layout import CHAIN_DIR, decode_task_id
+from castore.store import Store
+
+__all__ = ["Alert", "Watcher"]
+
+log = logging.getLogger(__name__)
+
+DEBOUNCE_S = 0.05  # a commit is several filesystem events: re-read once per burst
+TICK_S = 1.0  # how often the observer's health and due timers are checked
+MAX_RESTART_DELAY_S = 60.0
+# Opens and closes (the task lock) are not commits; asking for fewer events keeps the
+# inotify queue shorter, and an overflowing queue loses events.
+_HINT_EVENTS: list[type[FileSystemEvent]] = [
+    FileCreatedEvent,
+    FileDeletedEvent,
+    FileModifiedEvent,
+    FileMovedEvent,
+    DirCreatedEvent,
+    DirDeletedEvent,
+    DirMovedEvent,
+]
+
+
+class _Hints(FileSystemEventHandler):
+    """Turns filesystem events under tasks/ into 're-read this task' hints."""
+
+    def __init__(
+        self, tasks_dir: str, hint: Callable[[str], None], hint_all: Callable[[], None]
+    ) -> None:
+        self._tasks_dir = tasks_dir
+        self._hint = hint
+        self._hint_all = hint_all
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        for raw in (event.src_path, event.dest_path):
+            if raw:
+                self._route(os.path.relpath(os.fsdecode(raw), self._tasks_dir))
+
+    def _route(self, relative: str) -> None:
+        if relative == os.curdir:
+            self._hint_all()  # tasks/ itself changed (replaced, removed): look at everything
+            return
+        parts = relative.split(os.sep)
+        if parts[0] == os.pardir or (len(parts) > 1 and parts[1] != CHAIN_DIR):
+            return  # outside tasks/, or the task's lock file: not a commit
+        try:
+            self._hint(decode_task_id(parts[0]))
+        except InvalidTaskIdError:
+            return  # not castore's: fsck reports it
+
+
+class Watcher:
+    """Follows one store and calls `on_alert(alert)` as conditions start and end.
+
+    `start()` scans every task (alerting on what already holds) before it returns, then
+    follows commits with inotify, or with polling every `poll` seconds on a network
+    filesystem where inotify does not see other hosts' writes. Every `rescan_every`
+    seconds it re-reads everything anyway. `on_alert` runs on the watcher's thread (or
+    the caller's, for `start` and `check_now`); keep it quick. If it raises, the error is
+    logged and watching goes on.
+    """
+
+    def __init__(
+        self,
+        store_path: str | os.PathLike[str],
+        on_alert: Callable[[Alert], None],
+        *,
+        stuck_after: float = 300.0,
+        poll: float | None = None,
+        rescan_every: float = 30.0,
+        retention_warning: float = 0.8,
+        clock: Callable[[], float] = time.time,
+        debounce: float = DEBOUNCE_S,
+    ) -> None:
+        _check_settings(stuck_after, poll, rescan_every, retention_warning)
+        self._store = Store.open(store_path)
+        self._tasks_dir = self._store.layout.tasks
+        self._on_alert = on_alert
+        self._stuck_after = stuck_after
+        self._poll = poll
+        self._rescan_every = rescan_every
+        self._retention_warning = retention_warning
+        self._clock = clock
+        self._debounce = debounce
+        self._lock = threading.RLock()  # the conditions, the observer, and delivery order
+        self._active: dict[Ident, Alert] = {}
+        self._wake_at: dict[str, float] = {}
+        self._hint_lock = threading.Lock()  # the only lock an observer thread ever takes
+        self._hinted: set[str] = set()
+        self._hinted_all = False
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._delivering = threading.local()
+        self._thread: threading.Thread | None = None
+        self._observer: BaseObserver | None = None
+        self._observer_since = 0.0
+        self._restart_delay = TICK_S
+        self._restart_at = 0.0
+
+    @property
+    def root(self) -> str:
+        return self._store.root
+
+    @property
+    def mode(self) -> str:
+        return "inotify" if self._poll is None else f"polling every {self._poll:g}s"
+
+    # -- lifetime --------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start observing, scan every task (alerting before this returns), then follow."""
+        with self._lock:
+            if self._thread is not None or self._stopping.is_set():
+                raise UsageError("a Watcher starts once; create a new one to watch again")
+            # Observe first, then scan: a commit landing during the scan is a hint too.
+            self._start_or_alert()
+            self.check_now()
+            if self._stopping.is_set():  # on_alert stopped it during the first scan
+                self._discard_observer()
+                return
+            self._thread = threading.Thread(target=self._loop, name="castore-watch", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        """Stop watching (safe to call twice, and from inside `on_alert`)."""
+        self._stopping.set()
+        self._wake.set()
+        thread = self._thread
+        inside = getattr(self._delivering, "depth", 0) > 0  # joining would wait on ourselves
+        if thread is not None and thread is not threading.current_thread() and not inside:
+            thread.join()
+        with self._lock:
+            self._discard_observer()
+
+    def __enter__(self) -> Watcher:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # -- scanning ----------------------------------------------------------------------------
+    def check_now(self) -> None:
+        """Re-read and verify every task now and alert on what changed (the periodic rescan)."""
+        self._scan(interruptible=False)
+
+    def _scan(self, *, interruptible: bool) -> None:
+        with self._lock:
+            try:
+                tasks = self._store.tasks()
+            except OSError as exc:
+                log.warning("cannot list the tasks of %s (%s); retrying later", self.root, exc)
+                return
+            for task in tasks:
+                if interruptible and self._stopping.is_set():
+                    return
+                self._refresh(task)
+            known = {ident[0] for ident in self._active if ident[0] is not None}
+            for task in (known | set(self._wake_at)) - set(tasks):
+                self._apply(gone(task))
+
+    def _refresh_all(self, tasks: Iterable[str]) -> None:
+        with self._lock:
+            for task in tasks:
+                self._refresh(task)
+
+    def _refresh(self, task: str) -> None:
+        reading = self._read(task)
+        if reading is not None:
+            self._apply(reading)
+
+    def _read(self, task: str) -> Reading | None:
+        """Re-read and verify one task; None when it cannot be read right now."""
+        try:
+            chain = self._store.verify(task)
+        except (IntegrityError, FormatVersionError) as exc:
+            return broken(task, str(exc))
+        except TaskNotFoundError:
+            return self._without_head(task)
+        except OSError as exc:
+            log.warning("cannot read task %r (%s); retrying later", task, exc)
+            return None
+        return read_chain(chain, self._clock(), self._stuck_after, self._retention_warning)
+
+    def _without_head(self, task: str) -> Reading:
+        """No slot 0: a task being created or removed, unless later slots exist (damage)."""
+        try:
+            slots = os.listdir(self._store.layout.chain_dir(task))
+        except OSError:
+            slots = []
+        if slots:
+            return broken(task, f"its chain has {len(slots)} entries but no first snapshot")
+        return gone(task)
+
+    def _apply(self, reading: Reading) -> None:
+        """Alert on the difference between what held for this task and what holds now."""
+        for ident in sorted(self._active, key=_order):
+            task, _, kind = ident
+            if task == reading.task and kind in reading.scope and ident not in reading.conditions:
+                self._clear(ident, reading.cleared_message(ident))
+        for ident in sorted(reading.conditions, key=_order):
+            self._raise(reading.conditions[ident])
+        if reading.wake_at is None:
+            self._wake_at.pop(reading.task, None)
+        else:
+            self._wake_at[reading.task] = reading.wake_at
+
+    # -- alerting ----------------------------------------------------------------------------
+    def _raise(self, condition: Condition) -> None:
+        with self._lock:
+            if condition.ident in self._active:
+                return  # still the same condition: it was alerted once already
+            c = condition
+            alert = Alert(c.kind, "raised", c.task, c.step, c.key, c.message, self._clock())
+            self._active[condition.ident] = alert
+            self._deliver(alert)
+
+    def _clear(self, ident: Ident, message: str) -> None:
+        with self._lock:
+            raised = self._active.pop(ident, None)
+            if raised is not None:
+                r = raised
+                self._deliver(
+                    Alert(r.kind, "cleared", r.task, r.step, r.key, message, self._clock())
+                )
+
+    def _deliver(self, alert: Alert) -> None:
+        self._delivering.depth = getattr(self._delivering, "depth", 0) + 1
+        try:
+            self._on_alert(alert)
+        except Exception:
+            log.exception(
+                "on_alert failed on a %s %s alert; watching goes on", alert.status, alert.kind
+            )
+        finally:
+            self._delivering.depth -= 1
+
+    # -- following -------------------------------------------------------------------------
+    def _hint(self, task: str) -> None:
+        with self._hint_lock:
+            self._hinted.add(task)
+        self._wake.set()
+
+    def _hint_all(self) -> None:
+        with self._hint_lock:
+            self._hinted_all = True
+        self._wake.set()
+
+    def _take_hints(self) -> tuple[set[str], bool]:
+        with self._hint_lock:
+            hinted, everything = self._hinted, self._hinted_all
+            self._hinted, self._hinted_all = set(), False
+        return hinted, everything
+
+    def _loop(self) -> None:
+        next_rescan = time.monotonic() + self._rescan_every
+        while not self._stopping.is_set():
+            if self._wake.wait(self._wait_time(next_rescan)):
+                self._stopping.wait(self._debounce)  # let the rest of a burst land first
+                self._wake.clear()
+            if self._stopping.is_set():
+                return
+            try:
+                next_rescan = self._tick(next_rescan)
+            except Exception:
+                log.exception("a check of %s failed; retrying on the next tick", self.root)
+
+    def _tick(self, next_rescan: float) -> float:
+        self._check_observer()
+        hinted, everything = self._take_hints()
+        if everything or time.monotonic() >= next_rescan:
+            self._scan(interruptible=True)
+            return time.monotonic() + self._rescan_every
+        now = self._clock()
+        with self._lock:
+            due = {task for task, at in self._wake_at.items() if at <= now}
+        self._refresh_all(sorted(hinted | due))
+        return next_rescan
+
+    def _wait_time(self, next_rescan: float) -> float:
+        wait = min(TICK_S, next_rescan - time.monotonic())
+        with self._lock:
+            earliest = min(self._wake_at.values(), default=None)
+        if earliest is not None:
+            wait = min(wait, earliest - self._clock())
+        return max(wait, 0.01)
+
+    # -- the observer ----------------------------------------------------------------------
+    def _start_observer(self) -> None:
+        observer = Observer() if self._poll is None else PollingObserver(timeout=self._poll)
+        hints = _Hints(self._tasks_dir, self._hint, self._hint_all)
+        observer.schedule(hints, self._tasks_dir, recursive=True, event_filter=_HINT_EVENTS)
+        observer.start()
+        self._observer = observer
+        self._observer_since = time.monotonic()
+
+    def _start_or_alert(self) -> bool:
+        # Back off between attempts: an observer that dies as soon as it starts (its
+        # directory is gone) must not be restarted, and alerted about, on every tick.
+        self._restart_at = time.monotonic() + self._restart_delay
+        self._restart_delay = min(self._restart_delay * 2, MAX_RESTART_DELAY_S)
+        try:
+            self._start_observer()
+        except OSError as exc:
+            self._raise(self._observer_down(f"it could not start: {exc}"))
+            return False
+        return True
+
+    def _discard_observer(self) -> None:
+        observer, self._observer = self._observer, None
+        if observer is not None:
+            observer.stop()
+            if observer.is_alive():
+                observer.join(timeout=5.0)
+
+    def _observer_problem(self) -> str | None:
+        observer = self._observer
+        if observer is None:
+            return "it is not running"
+        if not observer.is_alive():
+            return "its thread exited"
+        try:
+            emitters = tuple(observer.emitters)
+        except RuntimeError:  # the set changed while copied: judge on the next tick
+            return None
+        if not emitters or not all(emitter.is_alive() for emitter in emitters):
+            return "its event emitter stopped"
+        return None
+
+    def _observer_down(self, problem: str) -> Condition:
+        message = (
+            f"the observer ({self.mode}) of {self._tasks_dir} stopped ({problem}); restarting "
+            f"it. Until then only the rescan every {span(self._rescan_every)} sees commits"
+        )
+        return Condition("observer", None, None, None, message)
+
+    def _check_observer(self) -> None:
+        """Restart a dead observer (with an alert), then rescan for what it missed."""
+        with self._lock:
+            if self._stopping.is_set():
+                return
+            problem = self._observer_problem()
+            now = time.monotonic()
+            ident: Ident = (None, None, "observer")
+            if problem is None:
+                if now - self._observer_since >= TICK_S:  # it outlived one tick: healthy
+                    self._restart_delay = TICK_S
+                    self._clear(
+                        ident, f"the observer ({self.mode}) of {self._tasks_dir} runs again"
+                    )
+                return
+            self._raise(self._observer_down(problem))
+            if now < self._restart_at:
+                return
+            self._discard_observer()
+            if self._start_or_alert():
+                self._scan(interruptible=True)  # what changed while nobody listened
+
+
+def _order(ident: Ident) -> tuple[str, str, str]:
+    return (ident[0] or "", ident[1] or "", ident[2])
+
+
+def _check_settings(
+    stuck_after: float, poll: float | None, rescan_every: float, retention_warning: float
+) -> None:
+    if stuck_after <= 0 or rescan_every <= 0 or (poll is not None and poll <= 0):
+        raise UsageError(
+            "stuck_after, rescan_every and poll are durations in seconds and must be > 0 "
+            f"(got {stuck_after!r}, {rescan_every!r}, {poll!r})"
+        )
+    if not 0 < retention_warning <= 1:
+        raise UsageError(
+            f"retention_warning is the fraction of the retention after which to warn, in (0, 1]"
+            f" (got {retention_warning!r})"
+        )
