@@ -151,7 +151,9 @@ class Layout:
         return os.path.join(self.objects, validate_object_id(object_id)[:2])
 
     def object_path(self, object_id: str) -> str:
-        return os.path.join(self.fanout_dir(object_id), object_id)
+        # On the resume path for every snapshot: one validation, one string build.
+        validate_object_id(object_id)
+        return f"{self.objects}{os.sep}{object_id[:2]}{os.sep}{object_id}"
 
     def task_dir(self, task_id: str) -> str:
         return os.path.join(self.tasks, encode_task_id(task_id))

@@ -74,10 +74,12 @@ def effect(step_id: str, *after: str) -> Step:
 
 @attrs.frozen
 class Writer:
-    """Who wrote a snapshot."""
+    """Who wrote a snapshot: host, process, and a random id per run, so that two runs never
+    write identical bytes (the commit point tells runs apart by snapshot id)."""
 
     host: str
     pid: int
+    run: str
 
 
 @attrs.frozen

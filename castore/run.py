@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import time
 from collections.abc import Callable, Collection, Iterator
@@ -101,7 +102,7 @@ def initial_snapshot(task_id: str, plan: Plan, plan_id: str, settings: RunSettin
         transition=Transition(TransitionKind.START),
         env=settings.live_env(),
         time_ms=now,
-        writer=Writer(socket.gethostname(), os.getpid()),
+        writer=Writer(socket.gethostname(), os.getpid(), secrets.token_hex(8)),
     )
 
 
@@ -127,7 +128,7 @@ class Run:
         self._settings = settings
         self._lock = lock
         self._stale: CastoreError | None = None
-        self._writer = Writer(socket.gethostname(), os.getpid())
+        self._writer = Writer(socket.gethostname(), os.getpid(), secrets.token_hex(8))
         # Set by resume when the environment check was deferred until in-flight effects settle.
         self.env_unverified = False
 

@@ -14,6 +14,7 @@ from castore.errors import (
     StoreExistsError,
     StoreNotFoundError,
     TaskExistsError,
+    TaskNotFoundError,
     UsageError,
 )
 from castore.guard import DEFAULT_SNAPSHOT_BUDGET, refuse_secrets
@@ -149,7 +150,7 @@ class Store:
         plan_id = plan_digest(plan)
         lock = self._lock(task_id, lock_timeout) if os.path.isdir(slots.directory) else None
         try:
-            chain = verify_chain(self.objects, slots)
+            chain = verify_chain(self.objects, slots, (plan_id, plan))
             gate.check_plan(chain, plan, plan_id)
             gate.check_frontier(task_id, chain.head, chain.plan)
             gate.check_keys(task_id, chain.head)
@@ -219,6 +220,8 @@ class Store:
         """A run for recording a person's decision: the chain must verify, the drift checks
         are what the decision is about, so they are not applied."""
         slots = self._slots(task_id)
+        if not slots.exists(0):
+            raise TaskNotFoundError(task_id)  # before the lock, which would create files
         lock = self._lock(task_id, DEFAULT_LOCK_TIMEOUT)
         try:
             chain = verify_chain(self.objects, slots)

@@ -95,7 +95,9 @@ def _record_outcome(outcomes: dict[str, Outcome], entry: dict[str, Any], seq: in
         outcomes[step] = Outcome(step, seq, receipt=transition.get("receipt"))
 
 
-def verify_chain(objects: ObjectStore, slots: TaskSlots) -> VerifiedChain:
+def verify_chain(
+    objects: ObjectStore, slots: TaskSlots, expected_plan: tuple[str, Plan] | None = None
+) -> VerifiedChain:
     """Every hash, parent link, sequence number and the plan root of one task, or ChainError."""
     task_id = slots.task_id
     head_seq = slots.head_seq()
@@ -139,18 +141,24 @@ def verify_chain(objects: ObjectStore, slots: TaskSlots) -> VerifiedChain:
         root_entry=entry,
         outcomes=outcomes,
         ids=tuple(seen),
+        expected_plan=expected_plan,
     )
 
 
 def _check_contiguous(slots: TaskSlots, head_seq: int) -> None:
     """Slots 0..HEAD, no gap, nothing beyond. HEAD lookup is a binary search that trusts this;
     a deleted middle slot would otherwise roll HEAD back and let a second successor commit."""
-    present = slots.present()
-    if len(present) != head_seq + 1 or present[-1] != head_seq:
-        missing = sorted(set(range(present[-1] + 1)) - set(present))
+    present = set(slots.present())
+    missing = sorted(set(range(head_seq + 1)) - present)
+    beyond = max(present, default=0) > head_seq + 1
+    # A commit racing this walk may add slots past HEAD (a listing may even show head+2
+    # before head+1); only a slot still missing below a present one is damage.
+    if beyond and not missing and not slots.exists(head_seq + 1):
+        missing = [head_seq + 1]
+    if missing:
         raise ChainError(
             slots.task_id,
-            f"chain slots are not contiguous: {len(present)} slots up to {present[-1]}, "
+            f"chain slots are not contiguous: {len(present)} slots up to {max(present)}, "
             f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}",
             slots.directory,
         )
@@ -222,6 +230,7 @@ def _finish(
     root_entry: dict[str, Any],
     outcomes: dict[str, Outcome],
     ids: tuple[str, ...],
+    expected_plan: tuple[str, Plan] | None,
 ) -> VerifiedChain:
     try:
         head = codec.from_builtins(head_entry, Snapshot)
@@ -229,10 +238,24 @@ def _finish(
         raise ChainError(
             task_id, f"HEAD {head_id} is not a valid snapshot record: {exc}", object_id=head_id
         ) from exc
-    plan = read_plan(objects, task_id, head.plan)
+    if expected_plan is not None and expected_plan[0] == head.plan:
+        # The caller's plan has the same digest: verify the stored bytes, skip decoding them.
+        _read_plan_bytes(objects, task_id, head.plan)
+        plan = expected_plan[1]
+    else:
+        plan = read_plan(objects, task_id, head.plan)
     if root_entry["plan"] != head.plan:
         read_plan(objects, task_id, root_entry["plan"])  # the plan root must verify too
     return VerifiedChain(task_id, head, head_id, plan, head.plan, root_entry["plan"], outcomes, ids)
+
+
+def _read_plan_bytes(objects: ObjectStore, task_id: str, plan_id: str) -> None:
+    try:
+        objects.get(plan_id, "plan")
+    except FormatVersionError:
+        raise
+    except CastoreError as exc:
+        raise ChainError(task_id, f"plan {plan_id}: {exc}", object_id=plan_id) from exc
 
 
 def read_plan(objects: ObjectStore, task_id: str, plan_id: str) -> Plan:

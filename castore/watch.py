@@ -42,6 +42,7 @@ from castore.errors import (
 )
 from castore.layout import CHAIN_DIR, decode_task_id
 from castore.store import Store
+from castore.verify import VerifiedChain
 
 __all__ = ["Alert", "Watcher"]
 
@@ -218,7 +219,7 @@ class Watcher:
     def _read(self, task: str) -> Reading | None:
         """Re-read and verify one task; None when it cannot be read right now."""
         try:
-            chain = self._store.verify(task)
+            chain = self._verify(task)
         except (IntegrityError, FormatVersionError) as exc:
             return broken(task, str(exc))
         except TaskNotFoundError:
@@ -227,6 +228,14 @@ class Watcher:
             log.warning("cannot read task %r (%s); retrying later", task, exc)
             return None
         return read_chain(chain, self._clock(), self._stuck_after, self._retention_warning)
+
+    def _verify(self, task: str) -> VerifiedChain:
+        """Verify twice before calling a chain broken: a walk racing a commit on a network
+        filesystem may see a directory listing and a slot that disagree for a moment."""
+        try:
+            return self._store.verify(task)
+        except IntegrityError:
+            return self._store.verify(task)
 
     def _without_head(self, task: str) -> Reading:
         """No slot 0: a task being created or removed, unless later slots exist (damage)."""

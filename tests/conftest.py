@@ -1,12 +1,22 @@
-"""Shared fixtures: `sshfs_pair`, two sshfs clients of one export (see tests/sshfs.py)."""
+"""Shared fixtures: `sshfs_pair`, two sshfs clients of one export (see tests/sshfs.py).
+
+Also: the Hypothesis profiles ("ci": derandomised and quick, the default; "deep": 2,000
+examples, for local runs: HYPOTHESIS_PROFILE=deep), a fresh `store` per test, and
+`tree_snapshot` (tests/helpers.py) for byte-identical comparisons of a directory tree.
+"""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
+from helpers import Entry, tree_snapshot
+from hypothesis import settings
 from sshfs import SshfsPair, SshfsUnavailable, mount_sshfs_pair
+
+import castore
 
 
 def _in_ci() -> bool:
@@ -31,3 +41,30 @@ def sshfs_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshfsPair]:
         pytest.fail(f"sshfs tests must run in CI (CI is set), but: {reason}", pytrace=False)
     if reason:
         pytest.skip(f"sshfs unavailable: {reason}")
+
+
+settings.register_profile("ci", derandomize=True, max_examples=50, deadline=None)
+settings.register_profile("deep", max_examples=2000, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip tests marked `slow` unless the -m expression asks for them (as the marker says)."""
+    if "slow" in (config.option.markexpr or ""):
+        return
+    skip = pytest.mark.skip(reason="slow campaign: run with -m slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> castore.Store:
+    """A fresh, empty store in this test's tmp_path (at tmp_path/"store")."""
+    return castore.Store.init(tmp_path / "store")
+
+
+@pytest.fixture(name="tree_snapshot")
+def tree_snapshot_fixture() -> Callable[[str | os.PathLike[str]], dict[str, Entry]]:
+    """`tree_snapshot(path)`: relpath -> (mode, size, mtime_ns, sha) of every entry under path."""
+    return tree_snapshot

@@ -11,6 +11,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 import castore
 from castore import errors
@@ -70,8 +71,17 @@ def cmd_init(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+class _ArgumentError(Exception):
+    """Bad command-line arguments; main() prints them in castore's one-line error format."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise _ArgumentError(f"{self.prog}: {message} (see `{self.prog} --help`)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser: argparse.ArgumentParser = _Parser(
         prog="castore",
         description="A crash-safe checkpoint store for long-running agents and their side effects.",
     )
@@ -99,7 +109,11 @@ def add_path_argument(parser: argparse.ArgumentParser) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (the console script exits with it)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except _ArgumentError as exc:
+        print(f"castore: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     handler: Handler = args.handler
     try:
         return handler(args)

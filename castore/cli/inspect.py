@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from castore import codec
-from castore.cli import EXIT_OK, EXIT_UNKNOWN_OUTCOME, open_store
+from castore.cli import EXIT_INTEGRITY, EXIT_OK, EXIT_UNKNOWN_OUTCOME, open_store
 from castore.errors import ObjectMissingError, UsageError
 from castore.layout import validate_object_id
 from castore.records import Snapshot
@@ -52,6 +52,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"no tasks in {store.root}")
     for status in statuses if not args.json else ():
         print(_status_line(status))
+    if any(s.error for s in statuses):
+        return EXIT_INTEGRITY
     unknown = any(e.state == "UNRESOLVED" for s in statuses for e in s.effects)
     return EXIT_UNKNOWN_OUTCOME if unknown else EXIT_OK
 

@@ -1,0 +1,395 @@
+"""The `castore` command line: verbs, store lookup precedence, JSON output and exit codes.
+
+Called in-process through castore.cli.main(argv) (argparse's own SystemExit is caught and
+counted as the exit status), and once through the installed console script.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from helpers import Entry, flip_bit, rewrite
+
+import castore
+from castore.cli import main
+
+PLAN = castore.Plan.build("cli", "price", castore.effect("charge", "price"), "email")
+NEITHER = castore.Service("payments")  # neither deduplicates nor can be asked: UNRESOLVED
+TASK = "order/1"
+
+
+def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """Run the CLI in-process: (exit status, stdout, stderr)."""
+    capsys.readouterr()
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:  # argparse exits by itself on a usage error
+        code = exc.code if isinstance(exc.code, int) else 1
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_error_line(err: str) -> None:
+    """Exactly one line on stderr, starting with 'castore: error:'."""
+    assert 1 == len(err.splitlines()), err
+    assert err.startswith("castore: error: "), err
+
+
+def make_unresolved(store: castore.Store, task: str = TASK) -> str:
+    """A task whose charge is UNRESOLVED (sent, answer lost, service can't be asked); its key."""
+    with store.open_task(task, PLAN) as run:
+        run.commit_step("price", 4200)
+        with pytest.raises(ConnectionError), run.effect("charge", NEITHER):
+            raise ConnectionError("connection dropped after the request was sent")
+    with store.open_task(task, PLAN) as run:
+        action = run.settle(NEITHER)
+    assert castore.Action.ESCALATE == action.action
+    key = action.key
+    assert key is not None
+    return key
+
+
+def make_finished(store: castore.Store, task: str) -> None:
+    plan = castore.Plan.build("plain", "a", "b")
+    with store.open_task(task, plan) as run:
+        for step in run.pending():
+            run.commit_step(step, {"step": step})
+
+
+# --------------------------------------------------------------------------- init and --version
+
+
+def test_console_script_prints_its_version() -> None:
+    """The installed `castore --version` prints 'castore <version>' and exits 0."""
+    script = Path(sys.executable).parent / "castore"
+    result = subprocess.run(
+        [str(script), "--version"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert (0, f"castore {castore.__version__}\n", "") == (
+        result.returncode,
+        result.stdout,
+        result.stderr,
+    )
+
+
+def test_init_creates_a_store_and_refuses_an_existing_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`init PATH` creates an empty store; again exits 2 with a one-line error."""
+    path = tmp_path / "s"
+    code, out, err = cli(capsys, "init", str(path))
+    assert (0, "") == (code, err)
+    assert "initialised empty castore store" in out
+    assert [] == castore.Store.open(path).tasks()
+    code, out, err = cli(capsys, "init", str(path))
+    assert (2, "") == (code, out)
+    assert_one_error_line(err)
+
+
+def test_store_precedence_flag_then_env_then_dot_castore(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store is found by PATH, else --store, else $CASTORE_STORE, else ./.castore."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CASTORE_STORE", str(tmp_path / "env"))
+    assert 0 == cli(capsys, "--store", str(tmp_path / "flag"), "init", str(tmp_path / "pos"))[0]
+    assert (True, False, False) == tuple(
+        (tmp_path / name).exists() for name in ("pos", "flag", "env")
+    )
+    assert 0 == cli(capsys, "--store", str(tmp_path / "flag"), "init")[0]
+    assert (True, False) == ((tmp_path / "flag").exists(), (tmp_path / "env").exists())
+    assert 0 == cli(capsys, "init")[0]
+    assert (True, False) == ((tmp_path / "env").exists(), (tmp_path / ".castore").exists())
+    monkeypatch.delenv("CASTORE_STORE")
+    assert 0 == cli(capsys, "init")[0]
+    assert True is (tmp_path / ".castore").exists()
+    # status reads the store the same way: each store holds a different task.
+    make_finished(castore.Store.open(tmp_path / "flag"), "in-flag")
+    make_finished(castore.Store.open(tmp_path / "env"), "in-env")
+    make_finished(castore.Store.open(tmp_path / ".castore"), "in-dot")
+    monkeypatch.setenv("CASTORE_STORE", str(tmp_path / "env"))
+    tasks = [json.loads(line)["task"] for line in cli(capsys, "status", "--json")[1].splitlines()]
+    assert ["in-env"] == tasks
+    out = cli(capsys, "--store", str(tmp_path / "flag"), "status", "--json")[1]
+    assert ["in-flag"] == [json.loads(line)["task"] for line in out.splitlines()]
+    monkeypatch.delenv("CASTORE_STORE")
+    out = cli(capsys, "status", "--json")[1]
+    assert ["in-dot"] == [json.loads(line)["task"] for line in out.splitlines()]
+
+
+def test_missing_store_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A verb pointed at a directory that is not a store exits 2 with one error line."""
+    code, out, err = cli(capsys, "--store", str(tmp_path / "nowhere"), "status")
+    assert (2, "") == (code, out)
+    assert_one_error_line(err)
+
+
+def test_argument_errors_exit_2_with_one_error_line(
+    store: castore.Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A resolve with neither --confirmed nor --not-done exits 2 with one 'castore: error:' line."""
+    code, out, err = cli(capsys, "--store", str(store.root), "resolve", TASK, "charge")
+    assert (2, "") == (code, out)
+    assert_one_error_line(err)
+
+
+# --------------------------------------------------------------------------- status
+
+
+def test_status_on_an_empty_store(store: castore.Store, capsys: pytest.CaptureFixture[str]) -> None:
+    """`status` of an empty store says there are no tasks and exits 0; --json prints nothing."""
+    assert (0, f"no tasks in {store.root}\n", "") == cli(
+        capsys, "--store", str(store.root), "status"
+    )
+    assert (0, "", "") == cli(capsys, "--store", str(store.root), "status", "--json")
+
+
+def test_status_json_is_one_object_per_task_line(
+    store: castore.Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`status --json`: one JSON object a line with task, seq, step, next_action, effects."""
+    make_finished(store, "a-done")
+    key = make_unresolved(store, "b-stuck")
+    code, out, err = cli(capsys, "--store", str(store.root), "status", "--json")
+    assert (6, "") == (code, err)
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert ["a-done", "b-stuck"] == [row["task"] for row in rows]
+    for row in rows:
+        assert set() == {"task", "seq", "step", "next_action", "effects"} - set(row)
+    done, stuck = rows
+    assert (2, None, "done", []) == (
+        done["seq"],
+        done["step"],
+        done["next_action"],
+        done["effects"],
+    )
+    assert (3, "charge", "escalate") == (stuck["seq"], stuck["step"], stuck["next_action"])
+    assert [("charge", "UNRESOLVED", key, "escalate")] == [
+        (e["step"], e["state"], e["key"], e["next_action"]) for e in stuck["effects"]
+    ]
+    code, out, _ = cli(capsys, "--store", str(store.root), "status", "a-done", "--json")
+    assert (0, ["a-done"]) == (code, [json.loads(line)["task"] for line in out.splitlines()])
+
+
+def test_status_exits_6_while_an_effect_is_unresolved(
+    store: castore.Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`status` names the UNRESOLVED effect and its key and exits 6."""
+    key = make_unresolved(store)
+    code, out, err = cli(capsys, "--store", str(store.root), "status")
+    assert (6, "") == (code, err)
+    assert "effect charge: UNRESOLVED" in out
+    assert key in out
+    assert 6 == cli(capsys, "--store", str(store.root), "status", TASK)[0]
+
+
+# --------------------------------------------------------------------------- resolve
+
+
+def test_resolve_confirmed_advances_the_task(
+    store: castore.Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`resolve TASK EFFECT --confirmed RCPT` exits 0; status then shows the task moved on."""
+    make_unresolved(store)
+    code, out, err = cli(
+        capsys, "--store", str(store.root), "resolve", TASK, "charge", "--confirmed", "rcpt-1",
+        "--who", "alice", "--reason", "the payment console shows it",
+    )  # fmt: skip
+    assert (0, "") == (code, err)
+    assert "CONFIRMED (receipt rcpt-1)" in out
+    code, out, _ = cli(capsys, "--store", str(store.root), "status", "--json")
+    assert 0 == code
+    row = json.loads(out)
+    assert ("email", "run", []) == (row["step"], row["next_action"], row["effects"])
+    head = store.history(TASK)[0][1]
+    assert ("rcpt-1", "alice", "the payment console shows it") == (
+        head.transition.receipt,
+        head.transition.who,
+        head.transition.why,
+    )
+    with store.open_task(TASK, PLAN) as run:
+        assert "rcpt-1" == run.receipt("charge")
+        assert "email" == run.next_step
+
+
+def test_resolve_not_done_needs_a_reason(
+    store: castore.Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`resolve --not-done` without --reason exits 2, one error line, and changes nothing."""
+    make_unresolved(store)
+    before = store.history(TASK)
+    code, out, err = cli(
+        capsys, "--store", str(store.root), "resolve", TASK, "charge", "--not-done"
+    )
+    assert (2, "") == (code, out)
+    assert_one_error_line(err)
+    assert before == store.history(TASK)
+    assert 6 == cli(capsys, "--store", str(store.root), "status")[0]
+
+
+def test_resolve_not_done_with_a_reason_reopens_the_effect(
+    store: castore.Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`resolve --not-done --reason` exits 0 and the effect's next action is submit."""
+    make_unresolved(store)
+    code, _, err = cli(
+        capsys, "--store", str(store.root), "resolve", TASK, "charge", "--not-done",
+        "--reason", "not in the payment console",
+    )  # fmt: skip
+    assert (0, "") == (code, err)
+    code, out, _ = cli(capsys, "--store", str(store.root), "status", "--json")
+    assert 0 == code
+    assert [("charge", "NOT_DONE", "submit")] == [
+        (e["step"], e["state"], e["next_action"]) for e in json.loads(out)["effects"]
+    ]
+
+
+def test_resolve_of_an_unknown_task_exits_2_and_leaves_the_store_unchanged(
+    store: castore.Store,
+    capsys: pytest.CaptureFixture[str],
+    tree_snapshot: Callable[[str | os.PathLike[str]], dict[str, Entry]],
+) -> None:
+    """`resolve` of a task the store lacks exits 2, writes nothing, and `status` still works."""
+    make_finished(store, "real")
+    before = tree_snapshot(store.root)
+    code, out, err = cli(
+        capsys, "--store", str(store.root), "resolve", "nope", "charge", "--confirmed", "r"
+    )
+    assert (2, "") == (code, out)
+    assert_one_error_line(err)
+    assert before == tree_snapshot(store.root)
+    assert ["real"] == store.tasks()
+    code, out, err = cli(capsys, "--store", str(store.root), "status", "--json")
+    assert (0, "") == (code, err)
+    assert ["real"] == [json.loads(line)["task"] for line in out.splitlines()]
+
+
+# --------------------------------------------------------------------------- log and show
+
+
+def test_log_lists_the_chain_newest_first(
+    store: castore.Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`log TASK` prints one line per snapshot, newest first, with seq and transition."""
+    make_unresolved(store)
+    history = store.history(TASK)
+    code, out, err = cli(capsys, "--store", str(store.root), "log", TASK)
+    assert (0, "") == (code, err)
+    lines = out.splitlines()
+    assert [s.seq for _, s in history] == [int(line.split()[0]) for line in lines]
+    assert [3, 2, 1, 0] == [int(line.split()[0]) for line in lines]
+    assert [i[:12] for i, _ in history] == [line.split()[3] for line in lines]
+    assert "effect charge SUBMITTED->UNRESOLVED" in lines[0]
+    assert "start" in lines[-1]
+
+
+def test_log_json_is_one_snapshot_per_line(
+    store: castore.Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`log TASK --json` prints one JSON object per snapshot with its id and seq."""
+    make_unresolved(store)
+    history = store.history(TASK)
+    code, out, err = cli(capsys, "--store", str(store.root), "log", TASK, "--json")
+    assert (0, "") == (code, err)
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [(i, s.seq) for i, s in history] == [(row["id"], row["seq"]) for row in rows]
+    assert "UNRESOLVED" == rows[0]["transition"]["effect_to"]
+
+
+def test_log_of_an_unknown_task_is_a_usage_error(
+    store: castore.Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`log` of a task the store does not have exits 2 with one error line."""
+    code, out, err = cli(capsys, "--store", str(store.root), "log", "no-such-task")
+    assert (2, "") == (code, out)
+    assert_one_error_line(err)
+
+
+def test_show_by_id_and_by_task_at_seq(
+    store: castore.Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`show ID` and `show TASK@SEQ` print the same decoded snapshot."""
+    make_unresolved(store)
+    snapshot_id = next(i for i, s in store.history(TASK) if s.seq == 2)
+    code, by_id, err = cli(capsys, "--store", str(store.root), "show", snapshot_id)
+    assert (0, "") == (code, err)
+    first, _, body = by_id.partition("\n")
+    assert first.startswith(f"snapshot {snapshot_id} (")
+    value = json.loads(body)
+    assert (2, TASK) == (value["seq"], value["task"])
+    assert (0, by_id, "") == cli(capsys, "--store", str(store.root), "show", f"{TASK}@2")
+
+
+def test_show_json(store: castore.Store, capsys: pytest.CaptureFixture[str]) -> None:
+    """`show --json` prints one object with id, kind, size and the decoded value."""
+    make_unresolved(store)
+    snapshot_id = store.history(TASK)[0][0]
+    code, out, err = cli(capsys, "--store", str(store.root), "show", f"{TASK}@3", "--json")
+    assert (0, "") == (code, err)
+    row = json.loads(out)
+    assert (snapshot_id, "snapshot", 3) == (row["id"], row["kind"], row["value"]["seq"])
+    assert Path(store.objects.path(snapshot_id)).stat().st_size == row["size"]
+    plan_id = store.put_plan(PLAN)
+    row = json.loads(cli(capsys, "--store", str(store.root), "show", plan_id, "--json")[1])
+    assert (plan_id, "plan") == (row["id"], row["kind"])
+
+
+@pytest.mark.parametrize("ref", ["not-an-id", "ABCDEF", f"{TASK}@x", f"{TASK}@99"])
+def test_show_of_a_bad_reference_is_a_usage_error(
+    store: castore.Store, capsys: pytest.CaptureFixture[str], ref: str
+) -> None:
+    """`show` of a malformed id, a bad @SEQ or a missing SEQ exits 2 with one error line."""
+    make_unresolved(store)
+    code, out, err = cli(capsys, "--store", str(store.root), "show", ref)
+    assert (2, "") == (code, out)
+    assert_one_error_line(err)
+
+
+# --------------------------------------------------------------------------- corruption
+
+
+def test_log_of_a_corrupted_chain_exits_3(
+    store: castore.Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A flipped bit in a snapshot makes `log` exit 3 with one error line and no output."""
+    make_unresolved(store)
+    snapshot_id = store.history(TASK)[2][0]  # seq 1
+    rewrite(Path(store.layout.slot_path(TASK, 1)), flip_bit)
+    code, out, err = cli(capsys, "--store", str(store.root), "log", TASK)
+    assert (3, "") == (code, out)
+    assert_one_error_line(err)
+    code, out, err = cli(capsys, "--store", str(store.root), "show", snapshot_id)
+    assert (3, "") == (code, out)
+    assert_one_error_line(err)
+
+
+def test_show_of_a_missing_object_exits_3(
+    store: castore.Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`show` of a well-formed id the store does not hold exits 3 with one error line."""
+    code, out, err = cli(capsys, "--store", str(store.root), "show", "0" * 64)
+    assert (3, "") == (code, out)
+    assert_one_error_line(err)
+
+
+# --------------------------------------------------------------------------- demo
+
+
+def test_demo_exits_0_and_shows_one_charge(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`demo PATH` kills and resumes a worker, exits 0 and shows the charge applied once."""
+    code, out, err = cli(capsys, "demo", str(tmp_path / "demo"))
+    assert (0, "") == (code, err), out
+    lines = [line.strip() for line in out.splitlines()]
+    assert "service ledger: charge applied 1 time" in lines
+    assert "OK: the charge was made once, nothing was lost." in lines
+    store = castore.Store.open(tmp_path / "demo")
+    assert ["demo-order-1"] == store.tasks()
+    assert True is store.status("demo-order-1").finished
