@@ -196,9 +196,20 @@ def to_builtins(record: object) -> Any:
     return converter.unstructure(record)
 
 
+class SchemaError(ValueError):
+    """Plain data that does not fit a record's schema; says which field and why."""
+
+
 def from_builtins(data: object, cls: type[T]) -> T:
-    """Build a record from plain data; cattrs validates shape and types."""
-    return converter.structure(data, cls)
+    """Build a record from plain data; SchemaError names the first field that does not fit."""
+    try:
+        return converter.structure(data, cls)
+    except (cattrs.BaseValidationError, TypeError, ValueError, KeyError) as exc:
+        if isinstance(exc, cattrs.BaseValidationError):
+            detail = "; ".join(cattrs.transform_error(exc, path=cls.__name__)[:3])
+        else:
+            detail = str(exc) or type(exc).__name__
+        raise SchemaError(detail) from exc
 
 
 def encode_record(kind: str, record: object) -> bytes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from castore import codec, fsio
@@ -34,8 +35,11 @@ class ObjectStore:
             fsio.make_dir_durable(fanout)
             created = fsio.publish_file(fanout, object_id, data)
         if not created:
-            # Same name, so it should be the same bytes; never trust a damaged copy.
+            # Same name, so it should be the same bytes; never trust a damaged copy. Then make
+            # it young again: gc keeps anything younger than its grace period.
             self.read(object_id)
+            with contextlib.suppress(OSError):  # not the owner in a group store: best effort
+                os.utime(self.path(object_id))
         return object_id
 
     def read(self, object_id: str) -> bytes:

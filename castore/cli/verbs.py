@@ -5,8 +5,14 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from castore.cli import decide, demo, inspect, watch
+from castore.cli import decide, demo, inspect, maintenance, watch
 
 Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
-REGISTRARS: list[Registrar] = [inspect.register, decide.register, watch.register, demo.register]
+REGISTRARS: list[Registrar] = [
+    inspect.register,
+    decide.register,
+    maintenance.register,
+    watch.register,
+    demo.register,
+]

@@ -1,0 +1,118 @@
+"""`castore fsck` and `castore gc`: verify a store, and clean up what no task needs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from castore.cli import EXIT_OK, EXIT_USAGE, add_path_argument, store_path
+from castore.cli.watch import parse_duration
+from castore.fsck import Finding, Summary, check_store
+from castore.fsck.quarantine import quarantine
+from castore.gc import DEFAULT_GRACE_S, collect
+from castore.store import Store
+
+PROGRESS_FROM = 1000  # objects: below this a progress bar would only flicker
+
+
+def _progress(done: int, total: int) -> None:
+    if total >= PROGRESS_FROM:
+        end = "\n" if done == total else ""
+        print(f"\rchecking objects: {done}/{total}", end=end, file=sys.stderr, flush=True)
+
+
+def cmd_fsck(args: argparse.Namespace) -> int:
+    summary = Summary()
+    progress = _progress if sys.stderr.isatty() and not args.json else None
+    findings = []
+    for finding in check_store(
+        store_path(args),
+        task=args.task,
+        stuck_after=args.stuck_after,
+        jobs=args.jobs,
+        progress=progress,
+        summary=summary,
+    ):
+        findings.append(finding)
+        if args.json:
+            print(json.dumps(finding.to_json(), sort_keys=True, ensure_ascii=False), flush=True)
+        else:
+            print(finding_line(finding))
+    if args.quarantine:
+        where, moved = quarantine(Store.open(store_path(args)).root, findings)
+        note = (
+            f"quarantined {len(moved)} damaged object(s) in {where}"
+            if moved
+            else "nothing to quarantine"
+        )
+        print(note if not args.json else json.dumps({"quarantine": where, "moved": len(moved)}))
+    totals = summary.to_json()
+    if args.json:
+        print(json.dumps({"summary": totals}, sort_keys=True))
+    else:
+        print(
+            f"checked {totals['objects']} objects and {totals['tasks']} tasks in "
+            f"{totals['seconds']}s: {totals['errors']} errors, {totals['warnings']} warnings, "
+            f"{totals['infos']} notes"
+        )
+    return summary.exit_status
+
+
+def finding_line(finding: Finding) -> str:
+    """severity: code: path [task object]: message"""
+    ids = " ".join(x for x in (finding.task, (finding.object_id or "")[:12]) if x)
+    where = f"{finding.path} [{ids}]" if ids else finding.path
+    return f"{finding.severity.value}: {finding.code}: {where}: {finding.message}"
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    report = collect(store_path(args), grace_s=args.grace, dry_run=args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    for relpath in report.removed:
+        print(f"{verb} {relpath}")
+    if report.unreadable_tasks:
+        print(
+            f"kept every object: cannot read the chains of {', '.join(report.unreadable_tasks)} "
+            "(run `castore fsck`)",
+            file=sys.stderr,
+        )
+    print(
+        f"{verb} {len(report.removed)} file(s), {report.bytes_freed} bytes; "
+        f"kept {report.kept_young} younger than the grace period"
+    )
+    return EXIT_OK if not report.unreadable_tasks else EXIT_USAGE
+
+
+def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    fsck = verbs.add_parser("fsck", help="verify every object and chain; exit 1 if damaged")
+    add_path_argument(fsck)
+    fsck.add_argument(
+        "--json", action="store_true", help="one JSON object per finding, then a summary"
+    )
+    fsck.add_argument("--task", help="check one task and the objects it names")
+    fsck.add_argument(
+        "--quarantine", action="store_true", help="move damaged objects to quarantine/"
+    )
+    fsck.add_argument(
+        "--stuck-after",
+        type=parse_duration,
+        default=3600.0,
+        metavar="DURATION",
+        help="warn about effects SUBMITTED longer than this (default 1h)",
+    )
+    fsck.add_argument("--jobs", type=int, default=None, help="worker processes (default: CPUs)")
+    fsck.set_defaults(handler=cmd_fsck)
+    gc = verbs.add_parser("gc", help="remove unreachable objects and old temp files")
+    add_path_argument(gc)
+    gc.add_argument(
+        "--grace",
+        type=parse_duration,
+        default=float(DEFAULT_GRACE_S),
+        metavar="DURATION",
+        help="keep anything younger than this (default 14d)",
+    )
+    gc.add_argument(
+        "--dry-run", action="store_true", help="say what would be removed, remove nothing"
+    )
+    gc.set_defaults(handler=cmd_gc)

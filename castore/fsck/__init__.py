@@ -1,0 +1,236 @@
+"""castore fsck: a read-only verifier that yields findings and never raises for the damage
+it finds. Objects are checked in parallel on large stores; then every task's chain; then
+what no task refers to.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+
+import attrs
+
+from castore import codec
+from castore.digest import hash_bytes
+from castore.errors import CastoreError, UsageError
+from castore.fsck.findings import CODES, Finding, Severity
+from castore.fsck.objects import ObjectReport, check_batch
+from castore.fsck.tasks import TaskCheck
+from castore.fsck.tree import walk_objects, walk_top
+from castore.fsio import read_regular
+from castore.layout import TASKS_DIR, decode_task_id, encode_task_id
+from castore.objects import ObjectStore
+from castore.records import Plan
+from castore.store import Store
+
+__all__ = ["CODES", "Finding", "Severity", "Summary", "check_store"]
+
+PARALLEL_FROM = 2000  # objects; below this a process pool costs more than it saves
+BATCH = 500
+Progress = Callable[[int, int], None]
+
+
+@attrs.define
+class Summary:
+    """Counts of one fsck run; `exit_status` is 0 (no error) or 1 (errors found)."""
+
+    objects: int = 0
+    tasks: int = 0
+    by_severity: Counter[str] = attrs.field(factory=Counter)
+    by_code: Counter[str] = attrs.field(factory=Counter)
+    seconds: float = 0.0
+
+    def add(self, finding: Finding) -> None:
+        self.by_severity[finding.severity.value] += 1
+        self.by_code[finding.code] += 1
+
+    @property
+    def exit_status(self) -> int:
+        return 1 if self.by_severity[Severity.ERROR.value] else 0
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "objects": self.objects,
+            "tasks": self.tasks,
+            "errors": self.by_severity[Severity.ERROR.value],
+            "warnings": self.by_severity[Severity.WARNING.value],
+            "infos": self.by_severity[Severity.INFO.value],
+            "codes": dict(sorted(self.by_code.items())),
+            "seconds": round(self.seconds, 3),
+            "exit_status": self.exit_status,
+        }
+
+
+def _run_objects(
+    root: str, items: list[tuple[str, str]], jobs: int, progress: Progress | None
+) -> Iterator[ObjectReport]:
+    batches = [items[i : i + BATCH] for i in range(0, len(items), BATCH)]
+    done = 0
+    if jobs > 1 and len(items) >= PARALLEL_FROM:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            for reports in pool.map(check_batch, [root] * len(batches), batches):
+                done += len(reports)
+                if progress:
+                    progress(done, len(items))
+                yield from reports
+        return
+    for batch in batches:
+        reports = check_batch(root, batch)
+        done += len(reports)
+        if progress:
+            progress(done, len(items))
+        yield from reports
+
+
+def check_store(
+    path: str | os.PathLike[str],
+    *,
+    task: str | None = None,
+    stuck_after: float = 3600.0,
+    jobs: int | None = None,
+    progress: Progress | None = None,
+    summary: Summary | None = None,
+) -> Iterator[Finding]:
+    """Yield every finding in the store at `path` (or in one task and what it names).
+
+    Raises StoreNotFoundError / FormatVersionError only when the path is not a store it can
+    read at all; damage is always a finding.
+    """
+    started = time.monotonic()
+    store = Store.open(path)  # refuses a non-store before anything else is read
+    root = store.root
+    tally = summary if summary is not None else Summary()
+    for finding in _check(
+        store,
+        root,
+        task=task,
+        stuck_after=stuck_after,
+        jobs=jobs or os.cpu_count() or 1,
+        progress=progress,
+        tally=tally,
+    ):
+        tally.add(finding)
+        yield finding
+    tally.seconds = time.monotonic() - started
+
+
+def _check(
+    store: Store,
+    root: str,
+    *,
+    task: str | None,
+    stuck_after: float,
+    jobs: int,
+    progress: Progress | None,
+    tally: Summary,
+) -> Iterator[Finding]:
+    inventory = walk_objects(root)
+    if task is None:
+        yield from walk_top(root)
+        yield from inventory.findings
+    reports = _reports(
+        root, inventory.objects, task=task, store=store, jobs=jobs, progress=progress, tally=tally
+    )
+    yield from (f for report in reports.values() for f in report.findings)
+    intact = {object_id for object_id, report in reports.items() if not report.damaged}
+    if task is not None:
+        # Only the task's own objects were checked; anything present counts as known.
+        intact |= {i for i in inventory.objects if i not in reports}
+    plans = _PlanCache(store.objects, intact)
+    referenced: set[str] = set()
+    for name, task_id in _tasks(root, task):
+        if task_id is None:
+            yield Finding("bad-task-name", f"{TASKS_DIR}/{name}", "not the encoding of any task id")
+            continue
+        tally.tasks += 1
+        check = TaskCheck(
+            root,
+            name=name,
+            task_id=task_id,
+            read_plan=plans.get,
+            known=intact,
+            present=set(inventory.objects),
+            now_ms=int(time.time() * 1000),
+            stuck_after_ms=int(stuck_after * 1000),
+        )
+        yield from check.run()
+        referenced |= check.refs
+    if task is None:
+        for object_id in sorted(set(inventory.objects) - referenced):
+            relpath = inventory.objects[object_id]
+            yield Finding("unreachable-object", relpath, "no task refers to it", object_id)
+
+
+def _reports(
+    root: str,
+    objects: dict[str, str],
+    *,
+    task: str | None,
+    store: Store,
+    jobs: int,
+    progress: Progress | None,
+    tally: Summary,
+) -> dict[str, ObjectReport]:
+    if task is not None:
+        wanted = _task_objects(store, task)
+        objects = {i: p for i, p in objects.items() if i in wanted}
+    items = sorted((relpath, object_id) for object_id, relpath in objects.items())
+    tally.objects = len(items)
+    return {r.object_id: r for r in _run_objects(root, items, jobs, progress)}
+
+
+def _task_objects(store: Store, task: str) -> set[str]:
+    """The objects one task's slots name (read without verifying: fsck reports damage)."""
+    slots_dir = store.layout.chain_dir(task)
+    if not os.path.isdir(slots_dir):
+        raise UsageError(f"no task {task!r} in {store.root}; see `castore status`")
+    wanted: set[str] = set()
+    for name in os.listdir(slots_dir):
+        try:
+            data = read_regular(os.path.join(slots_dir, name))
+            entry = codec.decode_value(codec.unframe(data)[1])
+        except (CastoreError, OSError, ValueError):
+            continue
+        wanted.add(hash_bytes(data))
+        transition = entry.get("transition") if isinstance(entry, dict) else None
+        named = [entry.get("plan"), entry.get("parent")] if isinstance(entry, dict) else []
+        if isinstance(transition, dict):
+            named.append(transition.get("result_ref"))
+        wanted.update(x for x in named if isinstance(x, str))
+    return wanted
+
+
+def _tasks(root: str, only: str | None) -> Iterator[tuple[str, str | None]]:
+    if only is not None:
+        yield encode_task_id(only), only
+        return
+    tasks_dir = os.path.join(root, TASKS_DIR)
+    for name in sorted(os.listdir(tasks_dir)):
+        try:
+            yield name, decode_task_id(name)
+        except UsageError:
+            yield name, None
+
+
+class _PlanCache:
+    """Plans by id, decoded once; None for a plan that is missing or damaged."""
+
+    def __init__(self, objects: ObjectStore, intact: set[str]) -> None:
+        self._objects, self._intact = objects, intact
+        self._plans: dict[str, Plan | None] = {}
+
+    def get(self, plan_id: str) -> Plan | None:
+        if plan_id not in self._plans:
+            self._plans[plan_id] = self._load(plan_id)
+        return self._plans[plan_id]
+
+    def _load(self, plan_id: str) -> Plan | None:
+        if plan_id not in self._intact:
+            return None
+        try:
+            return codec.from_builtins(codec.decode_value(self._objects.get(plan_id, "plan")), Plan)
+        except Exception:  # noqa: BLE001 - its own object finding already says what is wrong
+            return None

@@ -1,0 +1,156 @@
+"""fsck of one object file: name, bytes, header, encoding and schema. Read-only."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+from typing import Any
+
+import attrs
+
+from castore import codec
+from castore.digest import hash_bytes
+from castore.errors import CastoreError, FormatVersionError, UnsafeFileError
+from castore.fsck.findings import Finding
+from castore.fsio import file_kind, read_regular
+from castore.plans import validate_plan
+from castore.records import Plan, Snapshot
+
+_EXPECTED_LINKS = {"snapshot": 2}  # a snapshot object is also its chain slot
+
+
+@attrs.frozen
+class ObjectReport:
+    """What checking one object found, and what the object refers to."""
+
+    object_id: str
+    path: str
+    kind: str | None = None  # None when the object is damaged
+    findings: tuple[Finding, ...] = ()
+    refs: tuple[str, ...] = ()
+
+    @property
+    def damaged(self) -> bool:
+        return self.kind is None
+
+
+def read_twice(path: str) -> bytes:
+    """Read a file, once more on a transient error (NFS, a busy disk) before giving up."""
+    try:
+        return read_regular(path)
+    except (FileNotFoundError, UnsafeFileError):
+        raise
+    except OSError:
+        return read_regular(path)
+
+
+def canonical_bytes(value: Any) -> bytes:
+    """The canonical encoding of an already decoded (hence JSON-typed) value."""
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode("utf-8")
+
+
+def check_object(root: str, relpath: str, object_id: str) -> ObjectReport:
+    """Check the object file at `relpath` (under `root`) named `object_id`."""
+    path = os.path.join(root, relpath)
+    found: list[Finding] = []
+
+    def report(code: str, message: str) -> ObjectReport:
+        found.append(Finding(code, relpath, message, object_id))
+        return ObjectReport(object_id, relpath, None, tuple(found))
+
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return report("read-error", "the file vanished while fsck ran")
+    if not stat.S_ISREG(info.st_mode):
+        return report("unsafe-file", f"a {file_kind(info.st_mode)} where an object belongs")
+    if info.st_mode & 0o222:
+        found.append(
+            Finding("writable-object", relpath, f"mode {info.st_mode & 0o777:o}", object_id)
+        )
+    if os.path.basename(os.path.dirname(relpath)) != object_id[:2]:
+        return report("misplaced-object", f"object {object_id} is not in objects/{object_id[:2]}/")
+    try:
+        data = read_twice(path)
+    except OSError as exc:
+        return report(
+            "read-error", f"{errno.errorcode.get(exc.errno or 0, exc.errno)}: {exc.strerror}"
+        )
+    except CastoreError as exc:
+        return report("unsafe-file", str(exc))
+    if not data:
+        return report("object-empty", "the file is empty")
+    actual = hash_bytes(data)
+    if actual != object_id:
+        if _decodes(data):
+            return report("object-wrong-name", f"its bytes are a valid object {actual}")
+        return report("hash-mismatch", f"its bytes hash to {actual}")
+    return _check_content(relpath, object_id, data, info.st_nlink, found)
+
+
+def _decodes(data: bytes) -> bool:
+    try:
+        codec.decode_value(codec.unframe(data)[1])
+    except (ValueError, CastoreError):
+        return False
+    return True
+
+
+def _check_content(
+    relpath: str, object_id: str, data: bytes, links: int, found: list[Finding]
+) -> ObjectReport:
+    def report(code: str, message: str) -> ObjectReport:
+        found.append(Finding(code, relpath, message, object_id))
+        return ObjectReport(object_id, relpath, None, tuple(found))
+
+    try:
+        kind, body = codec.unframe(data, relpath)
+    except FormatVersionError as exc:
+        return report("unknown-version", f"format version {exc.found}")
+    except codec.FrameError as exc:
+        code = {"empty": "object-empty", "truncated": "truncated"}.get(exc.code, exc.code)
+        return report(code, exc.reason)
+    try:
+        value = codec.decode_value(body)
+    except ValueError as exc:
+        return report("undecodable", str(exc))
+    if canonical_bytes(value) != body:
+        return report("not-canonical", "re-encoding the body gives different bytes")
+    try:
+        refs = _schema(kind, value)
+    except (CastoreError, TypeError, ValueError, KeyError) as exc:
+        return report("schema-invalid", f"not a valid {kind}: {_first_line(exc)}")
+    except Exception as exc:  # noqa: BLE001 - cattrs' grouped errors: all mean "bad record"
+        return report("schema-invalid", f"not a valid {kind}: {_first_line(exc)}")
+    if links > _EXPECTED_LINKS.get(kind, 1):
+        found.append(Finding("hard-linked-object", relpath, f"{links} names", object_id))
+    return ObjectReport(object_id, relpath, kind, tuple(found), refs)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc) or type(exc).__name__).splitlines()[0]
+
+
+def _schema(kind: str, value: Any) -> tuple[str, ...]:
+    """Structure the record (raising if it does not fit) and return the ids it names."""
+    if kind == "plan":
+        validate_plan(codec.from_builtins(value, Plan))
+        return ()
+    if kind == "snapshot":
+        snapshot = codec.from_builtins(value, Snapshot)
+        refs = [snapshot.plan]
+        if snapshot.parent is not None:
+            refs.append(snapshot.parent)
+        if snapshot.transition.result_ref is not None:
+            refs.append(snapshot.transition.result_ref)
+        return tuple(refs)
+    return ()
+
+
+def check_batch(root: str, batch: list[tuple[str, str]]) -> list[ObjectReport]:
+    """Check many objects (a unit of work for a worker process)."""
+    return [check_object(root, relpath, object_id) for relpath, object_id in batch]

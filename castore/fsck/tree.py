@@ -1,0 +1,81 @@
+"""fsck's walk of the store tree: what each directory entry is, before anything is read."""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import time
+from collections.abc import Iterator
+
+import attrs
+
+from castore.fsck.findings import Finding
+from castore.fsio import file_kind
+from castore.layout import (
+    MARKER_NAME,
+    OBJECTS_DIR,
+    QUARANTINE_DIR,
+    TASKS_DIR,
+    is_object_name,
+    parse_temp_name,
+)
+
+_FANOUT = re.compile(r"[0-9a-f]{2}")
+_TOP_LEVEL = {MARKER_NAME, OBJECTS_DIR, TASKS_DIR, QUARANTINE_DIR}
+
+
+@attrs.define
+class Inventory:
+    """The object files found, by id, and the findings the walk itself made."""
+
+    objects: dict[str, str] = attrs.field(factory=dict)  # object id -> relative path
+    findings: list[Finding] = attrs.field(factory=list)
+
+
+def _age(path: str) -> str:
+    try:
+        seconds = time.time() - os.lstat(path).st_mtime
+    except OSError:
+        return "unknown age"
+    return f"{seconds / 3600:.1f} h old" if seconds >= 3600 else f"{seconds:.0f} s old"
+
+
+def temp_finding(root: str, relpath: str) -> Finding:
+    host_pid = parse_temp_name(os.path.basename(relpath))
+    writer = f"written by {host_pid[0]} pid {host_pid[1]}, " if host_pid else ""
+    return Finding("temp-file", relpath, f"{writer}{_age(os.path.join(root, relpath))}")
+
+
+def walk_top(root: str) -> Iterator[Finding]:
+    """Entries at the top of the store that castore did not write."""
+    for entry in sorted(os.scandir(root), key=lambda e: e.name):
+        if entry.name not in _TOP_LEVEL:
+            yield Finding("unknown-file", entry.name, "not part of a castore store")
+        elif entry.name != MARKER_NAME and not entry.is_dir(follow_symlinks=False):
+            kind = file_kind(entry.stat(follow_symlinks=False).st_mode)
+            yield Finding("unsafe-file", entry.name, f"a {kind} where a directory belongs")
+
+
+def walk_objects(root: str) -> Inventory:
+    """Every file under objects/, classified: object, temp file, or something else."""
+    inventory = Inventory()
+    objects_dir = os.path.join(root, OBJECTS_DIR)
+    for fanout in sorted(os.scandir(objects_dir), key=lambda e: e.name):
+        relfan = f"{OBJECTS_DIR}/{fanout.name}"
+        if not _FANOUT.fullmatch(fanout.name) or not fanout.is_dir(follow_symlinks=False):
+            inventory.findings.append(Finding("bad-fanout", relfan, "not a fan-out directory"))
+            continue
+        for entry in sorted(os.scandir(fanout.path), key=lambda e: e.name):
+            relpath = f"{relfan}/{entry.name}"
+            if parse_temp_name(entry.name):
+                inventory.findings.append(temp_finding(root, relpath))
+            elif is_object_name(entry.name):
+                inventory.objects[entry.name] = relpath
+            else:
+                mode = entry.stat(follow_symlinks=False).st_mode
+                what = "a file" if stat.S_ISREG(mode) else f"a {file_kind(mode)}"
+                inventory.findings.append(
+                    Finding("stray-file", relpath, f"{what} not named by an object id")
+                )
+    return inventory

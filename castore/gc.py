@@ -1,0 +1,120 @@
+"""`castore gc`: remove unreachable objects and leftover temp files older than a grace period.
+
+Safe against a concurrent writer by one rule: nothing younger than the grace period is ever
+removed. A writer's new object is young until its commit names it; a writer that finds an
+object already present refreshes its mtime (ObjectStore.put) so it is young again. Lock
+files, chain slots and anything gc cannot classify are never touched.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+
+import attrs
+
+from castore import codec, fsio
+from castore.digest import hash_bytes
+from castore.errors import CastoreError, UsageError
+from castore.layout import CHAIN_DIR, TASKS_DIR, is_object_name, parse_slot_name, parse_temp_name
+from castore.store import Store
+
+DEFAULT_GRACE_S = 14 * 86400
+
+
+@attrs.define
+class GcReport:
+    """What gc removed (or, with dry_run, would remove), by relative path."""
+
+    removed: list[str] = attrs.field(factory=list)
+    bytes_freed: int = 0
+    kept_young: int = 0
+    unreadable_tasks: list[str] = attrs.field(factory=list)
+
+
+def _referenced(root: str, report: GcReport) -> set[str]:
+    """Every object id any chain slot names, read from the slots themselves."""
+    seen: set[str] = set()
+    tasks_dir = os.path.join(root, TASKS_DIR)
+    for task in sorted(os.listdir(tasks_dir)):
+        chain = os.path.join(tasks_dir, task, CHAIN_DIR)
+        if not os.path.isdir(chain):
+            continue
+        for name in os.listdir(chain):
+            if parse_slot_name(name) is None:
+                continue
+            try:
+                data = fsio.read_regular(os.path.join(chain, name))
+                entry = codec.decode_value(codec.unframe(data)[1])
+            except (CastoreError, OSError, ValueError):
+                report.unreadable_tasks.append(task)
+                break
+            seen.add(hash_bytes(data))
+            seen.update(_named(entry))
+    return seen
+
+
+def _named(entry: object) -> Iterator[str]:
+    if not isinstance(entry, dict):
+        return
+    transition = entry.get("transition")
+    for value in (
+        entry.get("plan"),
+        entry.get("parent"),
+        transition.get("result_ref") if isinstance(transition, dict) else None,
+    ):
+        if isinstance(value, str):
+            yield value
+
+
+def _candidates(root: str, cutoff: float, report: GcReport) -> Iterator[tuple[str, bool]]:
+    """(relative path, is_temp) of every object or temp file older than `cutoff`."""
+    for top in (os.path.join(root, "objects"), os.path.join(root, TASKS_DIR)):
+        for directory, _dirs, files in os.walk(top):
+            for name in files:
+                is_temp = parse_temp_name(name) is not None
+                if not is_temp and not (is_object_name(name) and top.endswith("objects")):
+                    continue  # slots, locks, strangers: never gc's to remove
+                path = os.path.join(directory, name)
+                if os.lstat(path).st_mtime >= cutoff:
+                    report.kept_young += 1
+                    continue
+                yield os.path.relpath(path, root), is_temp
+
+
+def collect(
+    path: str | os.PathLike[str],
+    *,
+    grace_s: float = DEFAULT_GRACE_S,
+    dry_run: bool = False,
+    now: float | None = None,
+) -> GcReport:
+    """Remove what no chain names and is older than `grace_s` seconds."""
+    if grace_s < 0:
+        raise UsageError("the grace period cannot be negative")
+    root = Store.open(path).root
+    report = GcReport()
+    cutoff = (now if now is not None else time.time()) - grace_s
+    candidates = list(_candidates(root, cutoff, report))  # listed before reachability is read
+    referenced = _referenced(root, report)
+    touched: set[str] = set()
+    for relpath, is_temp in candidates:
+        name = os.path.basename(relpath)
+        if not is_temp and (report.unreadable_tasks or name in referenced):
+            continue  # an unreadable chain might name it: keep every object
+        full = os.path.join(root, relpath)
+        try:
+            info = os.lstat(full)
+        except FileNotFoundError:
+            continue
+        if info.st_mtime >= cutoff:
+            continue  # a writer refreshed it since it was listed
+        report.removed.append(relpath)
+        report.bytes_freed += info.st_size
+        if not dry_run:
+            fsio.remove_if_present(full)
+            touched.add(os.path.dirname(full))
+    for directory in sorted(touched):
+        fsio.fsync_dir(directory)
+    return report
