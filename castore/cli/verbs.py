@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from castore.cli import decide, demo, inspect, maintenance, watch
+from castore.cli import decide, demo, doctor, inspect, maintenance, watch
 
 Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
@@ -14,5 +14,6 @@ REGISTRARS: list[Registrar] = [
     decide.register,
     maintenance.register,
     watch.register,
+    doctor.register,
     demo.register,
 ]

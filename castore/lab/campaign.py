@@ -146,7 +146,7 @@ def resolve_from_ledger(store: castore.Store, task: str, svc: ServiceProcess, le
 
 
 def drive(
-    store_path: Path,
+    store_paths: list[Path],
     task: str,
     svc: ServiceProcess,
     *,
@@ -155,10 +155,12 @@ def drive(
     rng: random.Random,
     tally: Tally,
 ) -> str:
-    """Start, kill and restart one task's worker until it finishes; returns its final output."""
-    command = worker_command(store_path, task, svc.url, settings.mode, settings.blind)
+    """Start, kill and restart one task's worker until it finishes; returns its final output.
+    With several paths (mounts of one store on different clients) the attempts alternate."""
     client = svc.client()
-    for _ in range(MAX_ATTEMPTS):
+    for attempt in range(MAX_ATTEMPTS):
+        store_path = store_paths[attempt % len(store_paths)]
+        command = worker_command(store_path, task, svc.url, settings.mode, settings.blind)
         roll = rng.random()
         crash_at = choose_point(rng) if roll < settings.point_share else None
         if settings.point_share <= roll < settings.point_share + settings.fault_share:
@@ -223,10 +225,18 @@ def check_task(store: castore.Store, task: str, ledger: list[dict[str, Any]], ta
 REFERENCE = {"amount": 3750, "slot": "bay-5"}
 
 
-def campaign(workdir: Path, runs: int, settings: Settings, say: Say | None = None) -> Tally:
-    """Run `runs` tasks of the sample worker under fire; return the tally."""
+def campaign(
+    workdir: Path,
+    runs: int,
+    settings: Settings,
+    say: Say | None = None,
+    store_paths: list[Path] | None = None,
+) -> Tally:
+    """Run `runs` tasks of the sample worker under fire; return the tally. `store_paths`:
+    several mounts of one store (two network-filesystem clients); workers alternate."""
     rng = random.Random(settings.seed)  # noqa: S311 - reproducible fault schedule, not crypto
-    store_path = workdir / "store"
+    paths = store_paths or [workdir / "store"]
+    store_path = paths[0]
     castore.Store.open(store_path, create=True)
     ledger = workdir / f"ledger-{settings.mode}.jsonl"
     tally = Tally()
@@ -234,7 +244,7 @@ def campaign(workdir: Path, runs: int, settings: Settings, say: Say | None = Non
     with start_service(ledger, settings.mode) as svc:
         for index in range(runs):
             task = f"order-{settings.seed}-{index}"
-            drive(store_path, task, svc, ledger=ledger, settings=settings, rng=rng, tally=tally)
+            drive(paths, task, svc, ledger=ledger, settings=settings, rng=rng, tally=tally)
             tally.runs += 1
             if say and (index + 1) % max(1, runs // 10) == 0:
                 elapsed = time.monotonic() - started

@@ -1,0 +1,37 @@
+"""`castore doctor PATH [--peer PATH2]`: does this filesystem give castore what it relies on?"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from castore.cli import EXIT_FINDINGS, EXIT_OK, add_path_argument, store_path
+from castore.doctor import run_doctor
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    target = store_path(args)
+    if not os.path.isdir(target):  # the store may not exist yet: check where it would live
+        target = os.path.dirname(os.path.abspath(target))
+    report = run_doctor(target, args.peer)
+    if args.json:
+        print(json.dumps(report.to_json(), sort_keys=True, ensure_ascii=False))
+    else:
+        print(report.to_text())
+        print(
+            "castore is safe here."
+            if report.safe
+            else "castore is NOT safe here: see the failed checks."
+        )
+    return EXIT_OK if report.safe else EXIT_FINDINGS
+
+
+def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    doctor = verbs.add_parser(
+        "doctor", help="check exclusive create, link, rename, fsync, O_NOFOLLOW, flock here"
+    )
+    add_path_argument(doctor)
+    doctor.add_argument("--peer", metavar="PATH2", help="another mount of the same directory")
+    doctor.add_argument("--json", action="store_true")
+    doctor.set_defaults(handler=cmd_doctor)
