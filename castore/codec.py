@@ -99,13 +99,41 @@ def _check_str(text: str, path: str) -> None:
         raise EncodingError(path, "string contains a lone surrogate") from None
 
 
+def _plain(value: object) -> bool:
+    """True if json.dumps cannot coerce anything in `value` silently: exact JSON types, str
+    keys, 64-bit ints. Iterative and path-free: the fast path of every commit."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is str or kind is float or kind is bool or item is None:
+            continue  # NaN and lone surrogates make json.dumps / encode raise below
+        if kind is int:
+            if not INT_MIN <= item <= INT_MAX:  # type: ignore[operator]
+                return False
+        elif kind is list or kind is tuple:
+            stack.extend(item)  # type: ignore[arg-type]
+        elif kind is dict:
+            if any(type(key) is not str for key in item):  # type: ignore[attr-defined]
+                return False
+            stack.extend(item.values())  # type: ignore[attr-defined]
+        else:
+            return False
+    return True
+
+
 def encode_value(value: object) -> bytes:
     """Canonical bytes of `value`: compact JSON, keys sorted by code point, UTF-8."""
+    if _plain(value):
+        try:
+            text = json.dumps(
+                value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+            )
+            return text.encode("utf-8")
+        except (ValueError, UnicodeEncodeError):
+            pass  # NaN, infinity or a lone surrogate: the slow walk below names where
     _check(value, "$")
-    text = json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    )
-    return text.encode("utf-8")
+    raise EncodingError("$", "a value json.dumps refused")  # _check always raises first
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
