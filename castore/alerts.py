@@ -175,8 +175,8 @@ def effect_conditions(
 def broken(task: str, error: str) -> Reading:
     """A task whose chain does not verify: only the chain is judged, its effects are unknown."""
     message = (
-        f"task {task}: its chain does not verify ({error}). Stop its workers and inspect it "
-        f"(castore status {shlex.quote(task)}); it cannot be resumed until it is repaired"
+        f"task {task}: its chain does not verify when re-read ({error}). It cannot be "
+        f"resumed until repaired; castore fsck --task {shlex.quote(task)} names the damage"
     )
     condition = Condition("chain", task, None, None, message)
     return Reading(task, {condition.ident: condition}, frozenset({"chain"}))

@@ -34,6 +34,7 @@ from watchdog.observers.polling import PollingObserver
 
 from castore.alerts import Alert, Condition, Ident, Reading, broken, gone, read_chain, span
 from castore.errors import (
+    CastoreError,
     FormatVersionError,
     IntegrityError,
     InvalidTaskIdError,
@@ -98,9 +99,14 @@ class Watcher:
     `start()` scans every task (alerting on what already holds) before it returns, then
     follows commits with inotify, or with polling every `poll` seconds on a network
     filesystem where inotify does not see other hosts' writes. Every `rescan_every`
-    seconds it re-reads everything anyway. `on_alert` runs on the watcher's thread (or
-    the caller's, for `start` and `check_now`); keep it quick. If it raises, the error is
-    logged and watching goes on.
+    seconds it re-reads everything anyway. An effect SUBMITTED for `stuck_after` seconds
+    is stuck; one whose service deduplicates keys is warned about once `retention_warning`
+    of that window has passed. `clock` gives epoch seconds (inject one in tests); after an
+    event the watcher waits `debounce` seconds so that a burst is re-read once.
+
+    `on_alert` runs on the watcher's thread (or the caller's, for `start` and
+    `check_now`), one alert at a time; keep it quick. If it raises, the error is logged
+    and watching goes on.
     """
 
     def __init__(
@@ -126,7 +132,7 @@ class Watcher:
         self._clock = clock
         self._debounce = debounce
         self._lock = threading.RLock()  # the conditions, the observer, and delivery order
-        self._active: dict[Ident, Alert] = {}
+        self._active: dict[str | None, dict[Ident, Alert]] = {}  # raised, by task
         self._wake_at: dict[str, float] = {}
         self._hint_lock = threading.Lock()  # the only lock an observer thread ever takes
         self._hinted: set[str] = set()
@@ -139,13 +145,16 @@ class Watcher:
         self._observer_since = 0.0
         self._restart_delay = TICK_S
         self._restart_at = 0.0
+        self._watched: tuple[int, int] | None = None  # (device, inode) of the tasks/ observed
 
     @property
     def root(self) -> str:
+        """The store's directory."""
         return self._store.root
 
     @property
     def mode(self) -> str:
+        """How commits are followed: `inotify` or `polling every Ns`."""
         return "inotify" if self._poll is None else f"polling every {self._poll:g}s"
 
     # -- lifetime --------------------------------------------------------------------------
@@ -194,6 +203,9 @@ class Watcher:
     def _scan(self, *, interruptible: bool) -> None:
         with self._lock:
             try:
+                # An unmounted or unreachable store is not a store whose tasks all finished:
+                # without tasks/, clear nothing and try again later.
+                os.stat(self._tasks_dir)
                 tasks = self._store.tasks()
             except OSError as exc:
                 log.warning("cannot list the tasks of %s (%s); retrying later", self.root, exc)
@@ -202,7 +214,7 @@ class Watcher:
                 if interruptible and self._stopping.is_set():
                     return
                 self._refresh(task)
-            known = {ident[0] for ident in self._active if ident[0] is not None}
+            known = {task for task in self._active if task is not None}
             for task in (known | set(self._wake_at)) - set(tasks):
                 self._apply(gone(task))
 
@@ -212,6 +224,9 @@ class Watcher:
                 self._refresh(task)
 
     def _refresh(self, task: str) -> None:
+        # Set again by a reading with a deadline; a task that cannot be read must not stay
+        # due and be retried on every tick (the rescan retries it).
+        self._wake_at.pop(task, None)
         reading = self._read(task)
         if reading is not None:
             self._apply(reading)
@@ -227,6 +242,8 @@ class Watcher:
         except OSError as exc:
             log.warning("cannot read task %r (%s); retrying later", task, exc)
             return None
+        except CastoreError as exc:  # anything else that keeps the chain from verifying
+            return broken(task, str(exc))
         return read_chain(chain, self._clock(), self._stuck_after, self._retention_warning)
 
     def _verify(self, task: str) -> VerifiedChain:
@@ -249,9 +266,8 @@ class Watcher:
 
     def _apply(self, reading: Reading) -> None:
         """Alert on the difference between what held for this task and what holds now."""
-        for ident in sorted(self._active, key=_order):
-            task, _, kind = ident
-            if task == reading.task and kind in reading.scope and ident not in reading.conditions:
+        for ident in sorted(self._active.get(reading.task, {}), key=_order):
+            if ident[2] in reading.scope and ident not in reading.conditions:
                 self._clear(ident, reading.cleared_message(ident))
         for ident in sorted(reading.conditions, key=_order):
             self._raise(reading.conditions[ident])
@@ -263,16 +279,20 @@ class Watcher:
     # -- alerting ----------------------------------------------------------------------------
     def _raise(self, condition: Condition) -> None:
         with self._lock:
-            if condition.ident in self._active:
+            raised = self._active.setdefault(condition.task, {})
+            if condition.ident in raised:
                 return  # still the same condition: it was alerted once already
             c = condition
             alert = Alert(c.kind, "raised", c.task, c.step, c.key, c.message, self._clock())
-            self._active[condition.ident] = alert
+            raised[condition.ident] = alert
             self._deliver(alert)
 
     def _clear(self, ident: Ident, message: str) -> None:
         with self._lock:
-            raised = self._active.pop(ident, None)
+            for_task = self._active.get(ident[0], {})
+            raised = for_task.pop(ident, None)
+            if not for_task:
+                self._active.pop(ident[0], None)
             if raised is not None:
                 r = raised
                 self._deliver(
@@ -342,12 +362,14 @@ class Watcher:
 
     # -- the observer ----------------------------------------------------------------------
     def _start_observer(self) -> None:
+        watched = _identity(self._tasks_dir)
         observer = Observer() if self._poll is None else PollingObserver(timeout=self._poll)
         hints = _Hints(self._tasks_dir, self._hint, self._hint_all)
         observer.schedule(hints, self._tasks_dir, recursive=True, event_filter=_HINT_EVENTS)
         observer.start()
         self._observer = observer
         self._observer_since = time.monotonic()
+        self._watched = watched
 
     def _start_or_alert(self) -> bool:
         # Back off between attempts: an observer that dies as soon as it starts (its
@@ -357,6 +379,7 @@ class Watcher:
         try:
             self._start_observer()
         except OSError as exc:
+            log.warning("the observer of %s could not start (%s); retrying", self.root, exc)
             self._raise(self._observer_down(f"it could not start: {exc}"))
             return False
         return True
@@ -374,17 +397,20 @@ class Watcher:
             return "it is not running"
         if not observer.is_alive():
             return "its thread exited"
-        try:
-            emitters = tuple(observer.emitters)
-        except RuntimeError:  # the set changed while copied: judge on the next tick
-            return None
-        if not emitters or not all(emitter.is_alive() for emitter in emitters):
+        if not _emitters_alive(observer):
             return "its event emitter stopped"
+        # inotify watches an inode: after tasks/ is replaced (restored, remounted) it goes
+        # on watching the old one, alive and silent.
+        try:
+            if _identity(self._tasks_dir) != self._watched:
+                return f"{self._tasks_dir} was replaced"
+        except OSError as exc:
+            return f"{self._tasks_dir} cannot be read: {exc.strerror or exc}"
         return None
 
     def _observer_down(self, problem: str) -> Condition:
         message = (
-            f"the observer ({self.mode}) of {self._tasks_dir} stopped ({problem}); restarting "
+            f"the observer ({self.mode}) of {self._tasks_dir} is down ({problem}); restarting "
             f"it. Until then only the rescan every {span(self._rescan_every)} sees commits"
         )
         return Condition("observer", None, None, None, message)
@@ -410,6 +436,19 @@ class Watcher:
             self._discard_observer()
             if self._start_or_alert():
                 self._scan(interruptible=True)  # what changed while nobody listened
+
+
+def _emitters_alive(observer: BaseObserver) -> bool:
+    try:
+        emitters = tuple(observer.emitters)
+    except RuntimeError:  # the set changed while copied: judge on the next tick
+        return True
+    return bool(emitters) and all(emitter.is_alive() for emitter in emitters)
+
+
+def _identity(path: str) -> tuple[int, int]:
+    info = os.stat(path)
+    return (info.st_dev, info.st_ino)
 
 
 def _order(ident: Ident) -> tuple[str, str, str]:

@@ -16,10 +16,12 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from castore.alerts import span
 from castore.cli import EXIT_OK, add_path_argument, store_path
 from castore.errors import UsageError
 
@@ -182,7 +184,10 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
     argv = _hook_argv(args.exec)
     stop = threading.Event()
-    with _log_to_stderr(), _stop_on_signals(stop):
+    with _log_to_stderr(), _stop_on_signals(stop), warnings.catch_warnings():
+        # watchdog's inotify observer warns when a new directory's watch is added twice
+        # (the create event and its own scan of the new tree race); it is harmless noise.
+        warnings.filterwarnings("ignore", "Callback with id", RuntimeWarning, r"watchdog\.")
         hooks = Hooks(argv, args.exec_timeout) if argv is not None else None
         try:
             watcher = Watcher(
@@ -194,7 +199,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
             )
             print(
                 f"castore watch: watching {watcher.root} ({watcher.mode}; rescan every "
-                f"{args.rescan:g}s; stuck after {args.stuck_after:g}s); stop with Ctrl-C",
+                f"{span(args.rescan)}; stuck after {span(args.stuck_after)}); stop with Ctrl-C",
                 file=sys.stderr,
                 flush=True,
             )
