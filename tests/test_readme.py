@@ -1,0 +1,43 @@
+"""The README's examples run as written, and its two commands are the ones CI and users run."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+
+
+def test_readme_has_runnable_examples() -> None:
+    """At least the library and side-effect examples are marked as runnable Python."""
+    assert len(BLOCKS) >= 2
+
+
+@pytest.mark.parametrize("index", range(len(BLOCKS)))
+def test_readme_example_runs_twice_in_a_fresh_directory(index: int, tmp_path: Path) -> None:
+    """Each example runs as written (twice: the second run resumes the finished task)."""
+    script = tmp_path / "example.py"
+    script.write_text(BLOCKS[index])
+    for _ in range(2):
+        done = subprocess.run(
+            [sys.executable, str(script)],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert (0, "") == (done.returncode, done.stderr)
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    """.ci/run ends with exactly the test command the README gives."""
+    commands = re.findall(r"```sh\n(.*?)```", README.read_text(), re.S)[0].strip().splitlines()
+    assert 2 == len(commands)
+    ci_lines = (README.parent / ".ci" / "run").read_text().strip().splitlines()
+    assert commands[1] == ci_lines[-1]
