@@ -24,8 +24,8 @@ from helpers import wait_for
 
 import castore
 from castore.alerts import Alert
-from castore.cli import main
-from castore.cli.watch import alert_line, parse_duration
+from castore.cli import main, parse_duration
+from castore.cli.watch import alert_line
 from castore.watch import Watcher
 
 # watchdog's inotify observer warns when it adds a new directory's watch twice; harmless.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
@@ -43,6 +44,29 @@ _EXIT_BY_ERROR: tuple[tuple[type[BaseException], int], ...] = (
 )
 
 Handler = Callable[[argparse.Namespace], int]
+
+
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)([smhd]?)")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from `300`, `300s`, `5m`, `2h`, `1d` (or a decimal, as in `0.5`); more than 0."""
+    seconds = parse_duration_or_zero(text)
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a duration must be more than zero")
+    return seconds
+
+
+def parse_duration_or_zero(text: str) -> float:
+    """`parse_duration`, where 0 is allowed (gc's "no grace": only when nothing writes)."""
+    match = _DURATION.fullmatch(text.strip().lower())
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a duration: give seconds, or a number with s, m, h or d "
+            "(300, 300s, 5m, 2h, 1d)"
+        )
+    return float(match.group(1)) * _UNITS[match.group(2)]
 
 
 def exit_code_for(error: BaseException) -> int:

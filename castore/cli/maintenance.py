@@ -6,8 +6,14 @@ import argparse
 import json
 import sys
 
-from castore.cli import EXIT_OK, EXIT_USAGE, add_path_argument, store_path
-from castore.cli.watch import parse_duration
+from castore.cli import (
+    EXIT_OK,
+    EXIT_USAGE,
+    add_path_argument,
+    parse_duration,
+    parse_duration_or_zero,
+    store_path,
+)
 from castore.fsck import Finding, Summary, check_store
 from castore.fsck.quarantine import quarantine
 from castore.gc import DEFAULT_GRACE_S, collect
@@ -107,7 +113,7 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     add_path_argument(gc)
     gc.add_argument(
         "--grace",
-        type=parse_duration,
+        type=parse_duration_or_zero,
         default=float(DEFAULT_GRACE_S),
         metavar="DURATION",
         help="keep anything younger than this (default 14d)",

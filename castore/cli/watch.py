@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import queue
-import re
 import shlex
 import shutil
 import signal
@@ -22,7 +21,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from castore.alerts import span
-from castore.cli import EXIT_OK, add_path_argument, store_path
+from castore.cli import EXIT_OK, add_path_argument, parse_duration, store_path
 from castore.errors import UsageError
 
 if TYPE_CHECKING:
@@ -31,22 +30,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_EXEC_TIMEOUT_S = 10.0
-_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
-_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)([smhd]?)")
-
-
-def parse_duration(text: str) -> float:
-    """Seconds from `300`, `300s`, `5m`, `2h`, `1d` (or a decimal, as in `0.5`)."""
-    match = _DURATION.fullmatch(text.strip().lower())
-    if match is None:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a duration: give seconds, or a number with s, m, h or d "
-            "(300, 300s, 5m, 2h, 1d)"
-        )
-    seconds = float(match.group(1)) * _UNITS[match.group(2)]
-    if seconds <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: a duration must be more than zero")
-    return seconds
 
 
 def alert_line(alert: Alert) -> str:
