@@ -33,6 +33,7 @@ from castore.errors import (
     TaskBusyError,
     TaskExistsError,
     TaskNotFoundError,
+    UnknownVersionError,
     UnsafeFileError,
     UsageError,
 )
@@ -86,6 +87,7 @@ __all__ = [
     "TaskBusyError",
     "TaskExistsError",
     "TaskNotFoundError",
+    "UnknownVersionError",
     "UnsafeFileError",
     "UsageError",
     "__version__",

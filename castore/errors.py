@@ -28,6 +28,7 @@
     │   ├── EnvironmentDriftError                the live environment differs from the anchor
     │   ├── KeylessEffectError                   an in-flight effect without idempotency key
     │   └── MalformedFrontierError               frontier out of range, unknown step or version
+    │       └── UnknownVersionError (also FormatVersionError)
     └── EffectError
         ├── IllegalTransitionError               a state change PROTOCOL.md does not allow
         ├── EffectNotReadyError                  the effect's next action is not what was asked
@@ -357,6 +358,19 @@ class MalformedFrontierError(ResumeRefusedError):
             f"task {task_id!r}: malformed frontier: {reason}; the snapshot was not written by "
             "a compatible castore. Run `castore fsck --task` and do not resume blindly",
             task_id,
+        )
+
+
+class UnknownVersionError(MalformedFrontierError, FormatVersionError):
+    """A snapshot or plan on the resume path was written by an unknown format version."""
+
+    def __init__(self, task_id: str, cause: FormatVersionError) -> None:
+        self.task = task_id
+        self.reason = f"unknown format version {cause.found!r} in {cause.path}"
+        self.path, self.found, self.supported = cause.path, cause.found, cause.supported
+        Exception.__init__(
+            self,
+            f"task {task_id!r}: {cause}; refusing to resume it with this castore",
         )
 
 

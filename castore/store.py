@@ -205,7 +205,8 @@ class Store:
         """Accept plan drift (`plan`) and/or environment drift (`env`, the live digest) as an
         audited snapshot naming who and why. The only way past those gate checks."""
         new_plan_id = self.put_plan(plan) if plan is not None else None
-        with self._decision_run(task_id, keep_env=False, env=env) as run:
+        # Without a new environment, the anchor stays: a plan override accepts no env drift.
+        with self._decision_run(task_id, keep_env=env is None, env=env) as run:
             return resolution.override(run, plan, new_plan_id, who=who, why=why)
 
     def status(self, task_id: str) -> TaskStatus:

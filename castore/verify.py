@@ -8,7 +8,13 @@ import attrs
 
 from castore import codec
 from castore.digest import hash_bytes
-from castore.errors import CastoreError, ChainError, FormatVersionError, TaskNotFoundError
+from castore.errors import (
+    CastoreError,
+    ChainError,
+    FormatVersionError,
+    TaskNotFoundError,
+    UnknownVersionError,
+)
 from castore.layout import validate_object_id
 from castore.objects import ObjectStore
 from castore.records import Plan, Snapshot, TransitionKind
@@ -98,7 +104,17 @@ def _record_outcome(outcomes: dict[str, Outcome], entry: dict[str, Any], seq: in
 def verify_chain(
     objects: ObjectStore, slots: TaskSlots, expected_plan: tuple[str, Plan] | None = None
 ) -> VerifiedChain:
-    """Every hash, parent link, sequence number and the plan root of one task, or ChainError."""
+    """Every hash, parent link, sequence number and the plan root of one task, or ChainError
+    (UnknownVersionError for an object of a format version this castore does not read)."""
+    try:
+        return _verify(objects, slots, expected_plan)
+    except FormatVersionError as exc:
+        raise UnknownVersionError(slots.task_id, exc) from exc
+
+
+def _verify(
+    objects: ObjectStore, slots: TaskSlots, expected_plan: tuple[str, Plan] | None
+) -> VerifiedChain:
     task_id = slots.task_id
     head_seq = slots.head_seq()
     if head_seq is None:

@@ -1,7 +1,6 @@
 """Tests for the crash lab's fake remote service, checked against its ledger file directly."""
 
 # The project's test style is `assert expected == actual`, which SIM300 calls a Yoda condition.
-# ruff: noqa: SIM300
 
 from __future__ import annotations
 
