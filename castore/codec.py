@@ -12,6 +12,7 @@ import enum
 import json
 import math
 import re
+import typing
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -64,6 +65,25 @@ def _enum_hook(cls: type[E]) -> Callable[[object, type[E]], E]:
 
 for _enum in (EffectState, TransitionKind):
     converter.register_structure_hook(_enum, _enum_hook(_enum))
+
+
+def _is_sequence_type(cls: object) -> bool:
+    return typing.get_origin(cls) is tuple and typing.get_args(cls)[-1:] == (Ellipsis,)
+
+
+def _sequence_hook(cls: Any) -> Callable[[object, Any], tuple[Any, ...]]:
+    """tuple[X, ...] fields come from JSON arrays only (cattrs would split "ab" into a, b)."""
+    item = typing.get_args(cls)[0]
+
+    def structure(value: object, _: object) -> tuple[Any, ...]:
+        if type(value) is not list:
+            raise TypeError(f"expected a list, found {type(value).__name__} {value!r}")
+        return tuple(converter.structure(element, item) for element in value)
+
+    return structure
+
+
+converter.register_structure_hook_factory(_is_sequence_type, _sequence_hook)
 
 
 def _check(value: object, path: str) -> None:

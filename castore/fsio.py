@@ -145,6 +145,16 @@ def remove_if_present(path: str) -> None:
         os.unlink(path)
 
 
+def require_real_directory(path: str) -> None:
+    """Raise UnsafeFileError unless `path` is a directory itself (not a symlink to one)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return  # created on first use
+    if not stat.S_ISDIR(mode):
+        raise UnsafeFileError(path, file_kind(mode))
+
+
 def make_dir_durable(path: str) -> bool:
     """Create directory `path` (if needed) and make its name durable; True if created."""
     try:

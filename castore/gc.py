@@ -70,6 +70,9 @@ def _named(entry: object) -> Iterator[str]:
 
 def _candidates(root: str, cutoff: float, report: GcReport) -> Iterator[tuple[str, bool]]:
     """(relative path, is_temp) of every object or temp file older than `cutoff`."""
+    for name in os.listdir(root):  # an interrupted write of the marker leaves one here
+        if parse_temp_name(name) and os.lstat(os.path.join(root, name)).st_mtime < cutoff:
+            yield name, True
     for top in (os.path.join(root, "objects"), os.path.join(root, TASKS_DIR)):
         for directory, _dirs, files in os.walk(top):
             for name in files:

@@ -7,7 +7,7 @@ import os
 
 from castore import codec, fsio
 from castore.digest import hash_bytes
-from castore.errors import ObjectCorruptError, ObjectMissingError
+from castore.errors import ObjectCorruptError, ObjectMissingError, UnsafeFileError
 from castore.layout import Layout
 
 
@@ -28,6 +28,8 @@ class ObjectStore:
         """Durably store already framed bytes; return their id."""
         object_id = hash_bytes(data)
         fanout = self._layout.fanout_dir(object_id)
+        # A planted symlink in place of a fan-out directory must not receive objects.
+        fsio.require_real_directory(fanout)
         try:
             created = fsio.publish_file(fanout, object_id, data)
         except FileNotFoundError:
@@ -65,6 +67,20 @@ class ObjectStore:
         if found != kind:
             raise ObjectCorruptError(object_id, self.path(object_id), f"a {found}, not a {kind}")
         return body
+
+    def kind_of(self, object_id: str) -> str | None:
+        """The kind an object's header declares (None if absent or headerless); reads only
+        the header, so checking a reference to a large blob costs one small read."""
+        try:
+            fd = fsio.open_regular(self.path(object_id))
+        except (FileNotFoundError, UnsafeFileError):
+            return None
+        try:
+            head = os.read(fd, codec.MAX_HEADER)
+        finally:
+            os.close(fd)
+        parts = head.split(b"\n", 1)[0].split(b" ")
+        return parts[2].decode("ascii", "replace") if len(parts) == 4 else None
 
     def exists(self, object_id: str) -> bool:
         return os.path.lexists(self.path(object_id))

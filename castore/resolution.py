@@ -12,7 +12,7 @@ from castore import gate
 from castore.effects import check_transition, moved_record
 from castore.errors import UsageError
 from castore.records import EffectState, Frontier, Plan, Transition, TransitionKind
-from castore.run import Run
+from castore.run import Run, planned_record
 
 
 def default_actor() -> str:
@@ -43,6 +43,8 @@ def resolve(
     NOT_DONE (it did not happen; it may be submitted again with the same key)."""
     if (receipt is None) == (not not_done):
         raise UsageError("resolve an effect either as confirmed (with a receipt) or as not done")
+    if receipt is not None and not receipt.strip():
+        raise UsageError("a receipt is a non-empty str: the service's id or URL for the operation")
     actor = _require(who or default_actor(), "who")
     record = run.head.effect(step_id)
     if record is None or record.state not in (EffectState.SUBMITTED, EffectState.UNRESOLVED):
@@ -83,14 +85,17 @@ def override(
     """Accept plan and/or environment drift: a snapshot that records the new plan and the live
     environment as the task's anchor, with who accepted it and why."""
     actor, reason = _require(who, "who"), _require(why, "why")
-    frontier = run.head.frontier
+    frontier, effects = run.head.frontier, run.head.effects
     replaced = None
     if new_plan is not None and new_plan_id is not None and new_plan_id != run.plan_id:
         frontier = _remap_frontier(run, new_plan)
         replaced = run.plan_id
+        planned = planned_record(run.task_id, new_plan, new_plan_id, frontier.index, run.now_ms())
+        if planned is not None and run.head.effect(planned.step) is None:
+            effects = (*effects, planned)  # the new frontier is an effect: persist its key
     transition = Transition(TransitionKind.OVERRIDE, who=actor, why=reason, replaced=replaced)
     run.env_unverified = False  # the live environment is accepted as the new anchor
-    snapshot_id = run.advance(transition, run.head.effects, frontier=frontier, plan_id=new_plan_id)
+    snapshot_id = run.advance(transition, effects, frontier=frontier, plan_id=new_plan_id)
     if new_plan is not None and new_plan_id is not None:
         run.plan, run.plan_id = new_plan, new_plan_id
     gate.check_frontier(run.task_id, run.head, run.plan)
@@ -99,13 +104,19 @@ def override(
 
 def _remap_frontier(run: Run, plan: Plan) -> Frontier:
     """Where the task stands in the new plan: every step before its frontier must be done."""
+    done = [run.done(s.id) for s in plan.steps]
+    # The new frontier is the first step not done; nothing after it may be done already,
+    # and the step the task is at (if any) must be that one.
+    index = done.index(False) if False in done else len(plan.steps)
+    out_of_place = [s.id for s in plan.steps[index:] if run.done(s.id)]
     step = run.head.frontier.step
-    index = len(plan.steps) if step is None else _index_in(plan, step)
-    missing = [s.id for s in plan.steps[:index] if not run.done(s.id)]
-    if missing:
+    if step is not None and _index_in(plan, step) != index:
+        out_of_place.append(plan.steps[index].id)
+    if out_of_place:
         raise UsageError(
-            f"the new plan puts {', '.join(missing)} before the task's next step, but the task "
-            "never ran them; castore cannot accept such a plan as the same task. Start a new task"
+            f"the new plan puts {', '.join(out_of_place)} where the task's history cannot "
+            "follow (steps before its next step must be done, steps after it not); castore "
+            "cannot accept such a plan as the same task. Start a new task"
         )
     for record in run.head.effects:
         _index_in(plan, record.step)

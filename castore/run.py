@@ -186,7 +186,7 @@ class Run:
                 "call:` so its key is persisted before the request"
             )
         inline, ref = (None, result.blob) if isinstance(result, BlobRef) else (result, None)
-        if ref is not None and not self._objects.exists(validate_object_id(ref)):
+        if ref is not None and self._objects.kind_of(validate_object_id(ref)) != "blob":
             raise UsageError(f"blob {ref} is not in this store; store it with store.put_blob()")
         transition = Transition(TransitionKind.STEP, step=step_id, result=inline, result_ref=ref)
         snapshot_id = self.advance(transition, self.head.effects, move_frontier=True)

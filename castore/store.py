@@ -15,6 +15,7 @@ from castore.errors import (
     StoreNotFoundError,
     TaskExistsError,
     TaskNotFoundError,
+    UnsafeFileError,
     UsageError,
 )
 from castore.guard import DEFAULT_SNAPSHOT_BUDGET, refuse_secrets
@@ -93,6 +94,11 @@ class Store:
             data = fsio.read_regular(self.layout.marker)
         except FileNotFoundError:
             raise StoreNotFoundError(self.root) from None
+        except UnsafeFileError as exc:
+            raise StoreNotFoundError(self.root, f"{self.layout.marker} is a {exc.found}") from None
+        # A symlinked directory inside the store would let commits write outside it.
+        for directory in (self.layout.objects, self.layout.tasks):
+            fsio.require_real_directory(directory)
         try:
             marker = codec.decode_value(data)
         except ValueError:
@@ -275,7 +281,11 @@ class Store:
         return codec.decode_value(self.objects.get(blob_id, "blob"))
 
     def _slots(self, task_id: str) -> TaskSlots:
-        return TaskSlots(self.layout, self.objects, task_id)
+        slots = TaskSlots(self.layout, self.objects, task_id)
+        for directory in (self.layout.task_dir(task_id), slots.directory):
+            if os.path.lexists(directory):
+                fsio.require_real_directory(directory)
+        return slots
 
     def _lock(self, task_id: str, timeout: float | None) -> TaskLock | None:
         if timeout is None:

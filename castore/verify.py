@@ -92,7 +92,7 @@ def _read_snapshot(objects: ObjectStore, task_id: str, object_id: object, seq: i
 def _record_outcome(outcomes: dict[str, Outcome], entry: dict[str, Any], seq: int) -> None:
     transition = entry["transition"]
     step = transition.get("step")
-    if step is None or step in outcomes:
+    if not isinstance(step, str) or step in outcomes:
         return  # the newest outcome of a step wins: the walk goes newest first
     kind = transition["kind"]
     if kind == TransitionKind.STEP.value:

@@ -19,7 +19,7 @@ from castore.errors import CastoreError, UsageError
 from castore.fsck.findings import CODES, Finding, Severity
 from castore.fsck.objects import ObjectReport, check_batch
 from castore.fsck.tasks import TaskCheck
-from castore.fsck.tree import walk_objects, walk_top
+from castore.fsck.tree import missing_directories, walk_objects, walk_top
 from castore.fsio import read_regular
 from castore.layout import TASKS_DIR, decode_task_id, encode_task_id
 from castore.objects import ObjectStore
@@ -130,6 +130,7 @@ def _check(
     inventory = walk_objects(root)
     if task is None:
         yield from walk_top(root)
+        yield from missing_directories(root)
         yield from inventory.findings
     reports = _reports(
         root, inventory.objects, task=task, store=store, jobs=jobs, progress=progress, tally=tally
@@ -208,6 +209,8 @@ def _tasks(root: str, only: str | None) -> Iterator[tuple[str, str | None]]:
         yield encode_task_id(only), only
         return
     tasks_dir = os.path.join(root, TASKS_DIR)
+    if not os.path.isdir(tasks_dir) or os.path.islink(tasks_dir):
+        return
     for name in sorted(os.listdir(tasks_dir)):
         try:
             yield name, decode_task_id(name)

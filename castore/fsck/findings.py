@@ -80,8 +80,13 @@ CODES: dict[str, tuple[Severity, str]] = {
         "a directory in tasks/ whose name is not a task id encoding",
     ),
     "no-chain": (
+        Severity.WARNING,
+        "a task directory without slot 0: an interrupted start; start the task again, or "
+        "remove the directory",
+    ),
+    "missing-directory": (
         Severity.ERROR,
-        "a task directory without a chain slot 0 (an interrupted start, or damage)",
+        "objects/ or tasks/ is missing: the store is damaged; restore it from a backup",
     ),
     "slot-gap": (
         Severity.ERROR,

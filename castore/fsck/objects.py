@@ -118,7 +118,11 @@ def _check_content(
         value = codec.decode_value(body)
     except ValueError as exc:
         return report("undecodable", str(exc))
-    if canonical_bytes(value) != body:
+    try:
+        canonical = canonical_bytes(value)
+    except UnicodeEncodeError:
+        return report("undecodable", "a string escapes a lone surrogate, which is not unicode")
+    if canonical != body:
         return report("not-canonical", "re-encoding the body gives different bytes")
     try:
         refs = _schema(kind, value)

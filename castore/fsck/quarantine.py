@@ -43,7 +43,7 @@ def quarantine(root: str, findings: Iterable[Finding]) -> tuple[str, list[Findin
     moved: list[Finding] = []
     for relpath, finding in sorted(chosen.items()):
         target = os.path.join(base, relpath)
-        os.makedirs(os.path.dirname(target), exist_ok=True)
+        fsio.make_dirs_durable(os.path.dirname(target))
         try:
             os.rename(os.path.join(root, relpath), target)  # same filesystem: atomic, no copy
         except FileNotFoundError:

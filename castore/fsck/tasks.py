@@ -52,11 +52,18 @@ class TaskCheck:
 
     def run(self) -> Iterator[Finding]:
         directory = os.path.join(self.root, self.rel)
-        yield from self._directory_entries(directory)
         chain_dir = os.path.join(directory, CHAIN_DIR)
-        if not os.path.isdir(chain_dir) or os.path.islink(chain_dir):
-            yield self.finding("no-chain", self.rel, "no chain directory")
-            return
+        for path, rel in ((directory, self.rel), (chain_dir, f"{self.rel}/{CHAIN_DIR}")):
+            try:
+                mode = os.lstat(path).st_mode
+            except FileNotFoundError:
+                yield self.finding("no-chain", rel, "no chain directory")
+                return
+            if not stat.S_ISDIR(mode):
+                kind = file_kind(mode)
+                yield self.finding("unsafe-file", rel, f"a {kind} where a directory belongs")
+                return
+        yield from self._directory_entries(directory)
         slots = yield from self._slots(chain_dir)
         if 0 not in slots:
             yield self.finding("no-chain", f"{self.rel}/{CHAIN_DIR}", "no slot 0")

@@ -50,19 +50,33 @@ def temp_finding(root: str, relpath: str) -> Finding:
 def walk_top(root: str) -> Iterator[Finding]:
     """Entries at the top of the store that castore did not write."""
     for entry in sorted(os.scandir(root), key=lambda e: e.name):
-        if entry.name not in _TOP_LEVEL:
+        if parse_temp_name(entry.name):
+            yield temp_finding(root, entry.name)  # e.g. an interrupted write of the marker
+        elif entry.name not in _TOP_LEVEL:
             yield Finding("unknown-file", entry.name, "not part of a castore store")
         elif entry.name != MARKER_NAME and not entry.is_dir(follow_symlinks=False):
             kind = file_kind(entry.stat(follow_symlinks=False).st_mode)
             yield Finding("unsafe-file", entry.name, f"a {kind} where a directory belongs")
 
 
+def missing_directories(root: str) -> Iterator[Finding]:
+    """objects/ and tasks/ must exist (as real directories: walk_top reports anything else)."""
+    for name in (OBJECTS_DIR, TASKS_DIR):
+        if not os.path.lexists(os.path.join(root, name)):
+            yield Finding("missing-directory", name, f"the store has no {name}/ directory")
+
+
 def walk_objects(root: str) -> Inventory:
     """Every file under objects/, classified: object, temp file, or something else."""
     inventory = Inventory()
     objects_dir = os.path.join(root, OBJECTS_DIR)
+    if not os.path.isdir(objects_dir) or os.path.islink(objects_dir):
+        return inventory  # missing_directories / walk_top report it
     for fanout in sorted(os.scandir(objects_dir), key=lambda e: e.name):
         relfan = f"{OBJECTS_DIR}/{fanout.name}"
+        if fanout.is_symlink():
+            inventory.findings.append(Finding("unsafe-file", relfan, "a symlink; never followed"))
+            continue
         if not _FANOUT.fullmatch(fanout.name) or not fanout.is_dir(follow_symlinks=False):
             inventory.findings.append(Finding("bad-fanout", relfan, "not a fan-out directory"))
             continue
@@ -70,6 +84,10 @@ def walk_objects(root: str) -> Inventory:
             relpath = f"{relfan}/{entry.name}"
             if parse_temp_name(entry.name):
                 inventory.findings.append(temp_finding(root, relpath))
+            elif is_object_name(entry.name) and entry.name[:2] != fanout.name:
+                # Never indexed: a copy here must not hide (or stand in for) the real one.
+                message = f"object {entry.name} is not in objects/{entry.name[:2]}/"
+                inventory.findings.append(Finding("misplaced-object", relpath, message, entry.name))
             elif is_object_name(entry.name):
                 inventory.objects[entry.name] = relpath
             else:
