@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from typing import Any
 
 from castore import codec, fsio, gate, resolution, status
@@ -126,17 +127,12 @@ class Store:
         plan_id = self.put_plan(plan)
         fsio.make_dir_durable(self.layout.task_dir(task_id))
         fsio.make_dir_durable(slots.directory)
-        lock = self._lock(task_id, lock_timeout)
-        try:
+        with self._locked(task_id, lock_timeout) as lock:
             head = initial_snapshot(task_id, plan, plan_id, settings)
             try:
                 head_id = slots.commit(encode_snapshot(head, settings), 0, "<none: new task>")
             except ConflictError:
                 raise TaskExistsError(task_id) from None
-        except BaseException:
-            if lock is not None:
-                lock.release()
-            raise
         chain = VerifiedChain(task_id, head, head_id, plan, plan_id, plan_id, {}, (head_id,))
         return Run(self.objects, slots, chain, settings, lock)
 
@@ -154,8 +150,7 @@ class Store:
         settings = RunSettings(env, allow_fields, self._budget, self._clock)
         validate_plan(plan)
         plan_id = plan_digest(plan)
-        lock = self._lock(task_id, lock_timeout) if os.path.isdir(slots.directory) else None
-        try:
+        with self._locked(task_id, lock_timeout) as lock:
             chain = verify_chain(self.objects, slots, (plan_id, plan))
             gate.check_plan(chain, plan, plan_id)
             gate.check_frontier(task_id, chain.head, chain.plan)
@@ -163,10 +158,6 @@ class Store:
             deferred = gate.in_flight(chain.head)
             if not deferred:
                 gate.check_environment(task_id, chain.head, settings.live_env())
-        except BaseException:
-            if lock is not None:
-                lock.release()
-            raise
         run = Run(self.objects, slots, chain, settings, lock)
         # An effect still in flight may explain a difference: it is settled first and the
         # environment compared after, before the next commit that is not about that effect.
@@ -229,13 +220,8 @@ class Store:
         slots = self._slots(task_id)
         if not slots.exists(0):
             raise TaskNotFoundError(task_id)  # before the lock, which would create files
-        lock = self._lock(task_id, DEFAULT_LOCK_TIMEOUT)
-        try:
+        with self._locked(task_id, DEFAULT_LOCK_TIMEOUT) as lock:
             chain = verify_chain(self.objects, slots)
-        except BaseException:
-            if lock is not None:
-                lock.release()
-            raise
         anchor: EnvSource = chain.head.env if keep_env else env
         settings = RunSettings(anchor, (), self._budget, self._clock)
         return Run(self.objects, slots, chain, settings, lock)
@@ -287,11 +273,21 @@ class Store:
                 fsio.require_real_directory(directory)
         return slots
 
-    def _lock(self, task_id: str, timeout: float | None) -> TaskLock | None:
-        if timeout is None:
-            return None
-        lock = TaskLock(self.layout.lock_path(task_id), task_id)
-        return lock if lock.acquire(timeout) else None
+    @contextlib.contextmanager
+    def _locked(self, task_id: str, timeout: float | None) -> Iterator[TaskLock | None]:
+        """The task's local lock for the code that builds a Run: released if that code
+        fails, handed over to the Run if it succeeds. None without a lock (timeout None, no
+        task directory yet, or a filesystem without flock)."""
+        lock = None
+        if timeout is not None and os.path.isdir(self.layout.task_dir(task_id)):
+            lock = TaskLock(self.layout.lock_path(task_id), task_id)
+            lock = lock if lock.acquire(timeout) else None
+        try:
+            yield lock
+        except BaseException:
+            if lock is not None:
+                lock.release()
+            raise
 
 
 def _marker_bytes() -> bytes:

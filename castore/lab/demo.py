@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +14,7 @@ import attrs
 import castore
 from castore.crashpoints import ENV_VAR
 from castore.lab import worker
+from castore.lab.campaign import worker_command
 from castore.lab.service import applied_counts, start_service
 
 Say = Callable[[str], None]
@@ -34,19 +34,7 @@ def _run_worker(
     env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
     if crash_at:
         env[ENV_VAR] = crash_at
-    command = [
-        sys.executable,
-        "-m",
-        "castore.lab.worker",
-        "--store",
-        str(store),
-        "--task",
-        task,
-        "--service",
-        url,
-        "--mode",
-        "lookup",
-    ]
+    command = worker_command(store, task, url, "lookup", blind=False)
     # The sample worker, with paths this demo made: nothing untrusted.
     return subprocess.run(  # noqa: S603
         command, capture_output=True, text=True, env=env, timeout=120, check=False
