@@ -94,8 +94,12 @@ def write_temp(directory: str, data: bytes, mode: int = OBJECT_MODE) -> str:
             _write_all(fd, data)
         os.fsync(fd)
     except OSError as exc:
-        os.close(fd)
-        remove_if_present(path)
+        try:
+            os.close(fd)
+        except OSError:
+            pass  # the write or fsync error is the one to report; the temp file goes anyway
+        finally:
+            remove_if_present(path)
         raise DurabilityError(path, "writing and syncing a temp file", exc) from exc
     try:
         os.close(fd)

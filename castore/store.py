@@ -231,7 +231,8 @@ class Store:
         return verify_chain(self.objects, self._slots(task_id))
 
     def tasks(self) -> list[str]:
-        """Every task id in the store, sorted."""
+        """Every started task's id, sorted (an interrupted start, without slot 0, is fsck's
+        `no-chain` warning, not a task)."""
         try:
             names = os.listdir(self.layout.tasks)
         except FileNotFoundError:
@@ -239,9 +240,11 @@ class Store:
         found = []
         for name in names:
             try:
-                found.append(decode_task_id(name))
+                task_id = decode_task_id(name)
             except UsageError:
                 continue  # not castore's: fsck reports it
+            if os.path.lexists(self.layout.slot_path(task_id, 0)):
+                found.append(task_id)
         return sorted(found)
 
     def history(self, task_id: str) -> list[tuple[str, Snapshot]]:
