@@ -167,7 +167,7 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not part of the data model")
 
 
-def _bounded_int(text: str) -> int:
+def bounded_int(text: str) -> int:
     value = int(text)
     if not INT_MIN <= value <= INT_MAX:
         raise ValueError(f"integer {text} does not fit in 64 bits")
@@ -184,7 +184,7 @@ def _finite_float(text: str) -> float:
 _DECODER = json.JSONDecoder(
     object_pairs_hook=_unique_keys,
     parse_constant=_refuse_constant,
-    parse_int=_bounded_int,
+    parse_int=bounded_int,
     parse_float=_finite_float,
 )
 

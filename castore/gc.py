@@ -8,6 +8,7 @@ files, chain slots and anything gc cannot classify are never touched.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Iterator
@@ -71,8 +72,9 @@ def _named(entry: object) -> Iterator[str]:
 def _candidates(root: str, cutoff: float, report: GcReport) -> Iterator[tuple[str, bool]]:
     """(relative path, is_temp) of every object or temp file older than `cutoff`."""
     for name in os.listdir(root):  # an interrupted write of the marker leaves one here
-        if parse_temp_name(name) and os.lstat(os.path.join(root, name)).st_mtime < cutoff:
-            yield name, True
+        with contextlib.suppress(FileNotFoundError):
+            if parse_temp_name(name) and os.lstat(os.path.join(root, name)).st_mtime < cutoff:
+                yield name, True
     for top in (os.path.join(root, "objects"), os.path.join(root, TASKS_DIR)):
         for directory, _dirs, files in os.walk(top):
             for name in files:
@@ -80,7 +82,11 @@ def _candidates(root: str, cutoff: float, report: GcReport) -> Iterator[tuple[st
                 if not is_temp and not (is_object_name(name) and top.endswith("objects")):
                     continue  # slots, locks, strangers: never gc's to remove
                 path = os.path.join(directory, name)
-                if os.lstat(path).st_mtime >= cutoff:
+                try:
+                    young = os.lstat(path).st_mtime >= cutoff
+                except FileNotFoundError:
+                    continue  # a writer removed its temp file while gc was listing
+                if young:
                     report.kept_young += 1
                     continue
                 yield os.path.relpath(path, root), is_temp

@@ -135,13 +135,16 @@ def _check(
     reports = _reports(
         root, inventory.objects, task=task, store=store, jobs=jobs, progress=progress, tally=tally
     )
-    yield from (f for report in reports.values() for f in report.findings)
+    for report in reports.values():
+        yield from _wrong_name_or_rot(report, inventory.objects)
     intact = {object_id for object_id, report in reports.items() if not report.damaged}
     if task is not None:
         # Only the task's own objects were checked; anything present counts as known.
         intact |= {i for i in inventory.objects if i not in reports}
     plans = _PlanCache(store.objects, intact)
+    present = set(inventory.objects)
     referenced: set[str] = set()
+    unreadable = False
     for name, task_id in _tasks(root, task):
         if task_id is None:
             yield Finding("bad-task-name", f"{TASKS_DIR}/{name}", "not the encoding of any task id")
@@ -153,16 +156,30 @@ def _check(
             task_id=task_id,
             read_plan=plans.get,
             known=intact,
-            present=set(inventory.objects),
+            present=present,
             now_ms=int(time.time() * 1000),
             stuck_after_ms=int(stuck_after * 1000),
         )
         yield from check.run()
         referenced |= check.refs
-    if task is None:
+        unreadable = unreadable or check.unreadable
+    # With a chain that cannot be read, what it names is unknown: nothing is called
+    # unreachable (gc keeps every object then, too).
+    if task is None and not unreadable:
         for object_id in sorted(set(inventory.objects) - referenced):
             relpath = inventory.objects[object_id]
             yield Finding("unreachable-object", relpath, "no task refers to it", object_id)
+
+
+def _wrong_name_or_rot(report: ObjectReport, present: dict[str, str]) -> Iterator[Finding]:
+    """A valid object under a wrong name is only that if the object it really is exists;
+    otherwise its bytes changed and still happen to decode: a hash mismatch (bit rot)."""
+    for finding in report.findings:
+        if finding.code == "object-wrong-name" and report.actual not in present:
+            message = f"its bytes hash to {report.actual}"
+            yield attrs.evolve(finding, code="hash-mismatch", message=message)
+        else:
+            yield finding
 
 
 def _reports(

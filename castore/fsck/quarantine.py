@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import time
 from collections.abc import Iterable
 
@@ -35,7 +36,7 @@ def quarantine(root: str, findings: Iterable[Finding]) -> tuple[str, list[Findin
         f.path: f for f in findings if f.code in DAMAGE and f.path.startswith(f"{OBJECTS_DIR}/")
     }
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    relbase = f"{QUARANTINE_DIR}/{stamp}-{os.getpid()}"
+    relbase = f"{QUARANTINE_DIR}/{stamp}-{os.getpid()}-{secrets.token_hex(3)}"  # never shared
     base = os.path.join(root, relbase)
     if not chosen:
         return relbase, []

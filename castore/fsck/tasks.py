@@ -9,6 +9,8 @@ import stat
 from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
+import attrs
+
 from castore import codec
 from castore.digest import hash_bytes
 from castore.effects import ALLOWED
@@ -44,6 +46,7 @@ class TaskCheck:
         self.read_plan, self.known, self.present = read_plan, known, present
         self.now_ms, self.stuck_after_ms = now_ms, stuck_after_ms
         self.refs: set[str] = set()
+        self.unreadable = False  # a slot that could not be read or decoded
 
     def finding(
         self, code: str, relpath: str, message: str, object_id: str | None = None
@@ -94,7 +97,7 @@ class TaskCheck:
             if seq is not None:
                 slots.append(seq)
             elif parse_temp_name(entry.name):
-                yield temp_finding(self.root, relpath)
+                yield attrs.evolve(temp_finding(self.root, relpath), task=self.task_id)
             else:
                 yield self.finding("stray-file", relpath, "not a chain slot")
         return slots
@@ -122,13 +125,18 @@ class TaskCheck:
         try:
             data = read_twice(os.path.join(chain_dir, f"{seq:016d}"))
         except CastoreError as exc:
+            self.unreadable = True
             yield self.finding("unsafe-file", relpath, str(exc))
             return None
         except OSError as exc:
+            self.unreadable = True
             yield self.finding("read-error", relpath, str(exc))
             return None
         snapshot_id = hash_bytes(data)
         self.refs.add(snapshot_id)
+        if snapshot_id in self.present and snapshot_id not in self.known:
+            message = "the snapshot object of this slot is damaged (see its own finding)"
+            yield self.finding("missing-object", relpath, message, snapshot_id)
         if snapshot_id not in self.present:
             yield self.finding(
                 "slot-not-published", relpath, "no object of these bytes in objects/", snapshot_id
@@ -139,6 +147,7 @@ class TaskCheck:
             reason = (
                 "file is empty" if not data else (str(exc) or type(exc).__name__).splitlines()[0]
             )
+            self.unreadable = True
             yield self.finding("slot-corrupt", relpath, reason, snapshot_id)
             return None
         return snapshot_id, entry, snapshot
@@ -164,6 +173,8 @@ class TaskCheck:
             yield bad(
                 "root-not-start", f"sequence {seq} records a {snapshot.transition.kind.value}"
             )
+        if snapshot.parent is not None:
+            self.refs.add(snapshot.parent)  # named, so never "unreachable" (gc keeps it too)
         for ref in (snapshot.plan, snapshot.transition.result_ref):
             if ref is not None:
                 self.refs.add(ref)
