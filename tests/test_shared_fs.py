@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
+import subprocess
+import sys
+import threading
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
@@ -128,3 +132,45 @@ def test_doctor_across_the_two_clients_says_safe(
     assert (True, "warn") == (report["safe"], verdicts["flock-coherent"])
     assert "ok" == verdicts["link-exclusive"]
     assert verdicts["link-race"] in {"ok", "warn"}  # warn: losers see EPERM, not EEXIST
+
+
+def test_watch_polling_on_one_client_sees_an_effect_left_unresolved_on_the_other(
+    sshfs_pair: SshfsPair,
+) -> None:
+    """`castore watch --poll --json` through mount B alerts when a writer on mount A leaves
+    an effect UNRESOLVED (inotify would never see the other client's change)."""
+    from test_watch import make_unresolved  # noqa: PLC0415 - the same worker processes
+
+    export, mount_a, mount_b = sshfs_pair.new_dir("watch")
+    castore.Store.init(export / "store")
+    command = [
+        sys.executable,
+        "-m",
+        "castore",
+        "watch",
+        str(mount_b / "store"),
+        "--json",
+        "--poll",
+        "0.3",
+        "--rescan",
+        "3600",
+        "--stuck-after",
+        "1h",
+    ]
+    watcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(
+        target=lambda: [lines.put(line) for line in watcher.stdout or ()], daemon=True
+    ).start()
+    try:
+        make_unresolved(castore.Store.open(mount_a / "store"), "order-9")
+        alert = json.loads(lines.get(timeout=DEADLINE))
+        assert ("unresolved", "raised", "order-9", "charge") == (
+            alert["kind"],
+            alert["status"],
+            alert["task"],
+            alert["step"],
+        )
+    finally:
+        watcher.send_signal(signal.SIGTERM)
+        assert 0 == watcher.wait(timeout=DEADLINE)

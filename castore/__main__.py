@@ -1,0 +1,5 @@
+"""`python -m castore`: the same as the `castore` command."""
+
+from castore.cli import entry_point
+
+entry_point()
