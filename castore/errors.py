@@ -223,10 +223,10 @@ class ObjectCorruptError(IntegrityError):
 class UnsafeFileError(IntegrityError):
     """A symlink, FIFO, device or directory where a regular file belongs."""
 
-    def __init__(self, path: str, found: str) -> None:
+    def __init__(self, path: str, found: str, expected: str = "regular file") -> None:
         self.found = found
         super().__init__(
-            f"{path} is a {found}, not a regular file; castore never follows or reads it. "
+            f"{path} is a {found}, not a {expected}; castore never follows or uses it. "
             "Something outside castore planted it: inspect and remove it by hand",
             path=path,
         )

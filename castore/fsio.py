@@ -156,7 +156,7 @@ def require_real_directory(path: str) -> None:
     except FileNotFoundError:
         return  # created on first use
     if not stat.S_ISDIR(mode):
-        raise UnsafeFileError(path, file_kind(mode))
+        raise UnsafeFileError(path, file_kind(mode), "directory")
 
 
 def make_dir_durable(path: str) -> bool:

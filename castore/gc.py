@@ -38,8 +38,14 @@ def _referenced(root: str, report: GcReport) -> set[str]:
     """Every object id any chain slot names, read from the slots themselves."""
     seen: set[str] = set()
     tasks_dir = os.path.join(root, TASKS_DIR)
+    if not os.path.isdir(tasks_dir) or os.path.islink(tasks_dir):
+        report.unreadable_tasks.append("<tasks/ is missing or not a directory>")
+        return seen
     for task in sorted(os.listdir(tasks_dir)):
         chain = os.path.join(tasks_dir, task, CHAIN_DIR)
+        if os.path.islink(os.path.join(tasks_dir, task)) or os.path.islink(chain):
+            report.unreadable_tasks.append(task)  # never followed: what it names is unknown
+            continue
         if not os.path.isdir(chain):
             continue
         for name in os.listdir(chain):

@@ -119,7 +119,11 @@ def _remap_frontier(run: Run, plan: Plan) -> Frontier:
             "cannot accept such a plan as the same task. Start a new task"
         )
     for record in run.head.effects:
-        _index_in(plan, record.step)
+        if not plan.steps[_index_in(plan, record.step)].effect:
+            raise UsageError(
+                f"the new plan makes {record.step!r} a plain step, but it is an open effect "
+                f"({record.state.value}); settle or resolve it first"
+            )
     return Frontier(index, plan.steps[index].id if index < len(plan.steps) else None)
 
 

@@ -143,6 +143,7 @@ def _check(
         intact |= {i for i in inventory.objects if i not in reports}
     plans = _PlanCache(store.objects, intact)
     present = set(inventory.objects)
+    kinds = {i: r.kind for i, r in reports.items() if r.kind is not None}
     referenced: set[str] = set()
     unreadable = False
     for name, task_id in _tasks(root, task):
@@ -157,6 +158,7 @@ def _check(
             read_plan=plans.get,
             known=intact,
             present=present,
+            kinds=kinds,
             now_ms=int(time.time() * 1000),
             stuck_after_ms=int(stuck_after * 1000),
         )

@@ -38,12 +38,14 @@ class TaskCheck:
         read_plan: PlanReader,
         known: set[str],
         present: set[str],
+        kinds: dict[str, str],
         now_ms: int,
         stuck_after_ms: int,
     ) -> None:
         self.root, self.task_id = root, task_id
         self.rel = f"{TASKS_DIR}/{name}"
         self.read_plan, self.known, self.present = read_plan, known, present
+        self.kinds = kinds
         self.now_ms, self.stuck_after_ms = now_ms, stuck_after_ms
         self.refs: set[str] = set()
         self.unreadable = False  # a slot that could not be read or decoded
@@ -64,11 +66,12 @@ class TaskCheck:
                 return
             if not stat.S_ISDIR(mode):
                 kind = file_kind(mode)
+                self.unreadable = True  # whatever it holds is not read, so not known
                 yield self.finding("unsafe-file", rel, f"a {kind} where a directory belongs")
                 return
         yield from self._directory_entries(directory)
         slots = yield from self._slots(chain_dir)
-        if 0 not in slots:
+        if not slots:
             yield self.finding("no-chain", f"{self.rel}/{CHAIN_DIR}", "no slot 0")
             return
         head = max(slots)
@@ -175,11 +178,7 @@ class TaskCheck:
             )
         if snapshot.parent is not None:
             self.refs.add(snapshot.parent)  # named, so never "unreachable" (gc keeps it too)
-        for ref in (snapshot.plan, snapshot.transition.result_ref):
-            if ref is not None:
-                self.refs.add(ref)
-                if ref not in self.known:
-                    yield bad("missing-object", f"names {ref}, which is missing or damaged")
+        yield from self._check_refs(relpath, snapshot_id, snapshot)
         if previous is None:
             if seq == 0 and snapshot.parent is not None:
                 yield bad("broken-link", f"sequence 0 names a parent {snapshot.parent}")
@@ -199,6 +198,19 @@ class TaskCheck:
         for message in effect_changes(parent, entry):
             yield bad("illegal-transition", message)
         yield from self._check_frontier(relpath, snapshot_id, snapshot)
+
+    def _check_refs(self, relpath: str, snapshot_id: str, snapshot: Snapshot) -> Iterator[Finding]:
+        """The plan and result blob a snapshot names exist, are intact and of that kind."""
+        for ref, kind in ((snapshot.plan, "plan"), (snapshot.transition.result_ref, "blob")):
+            if ref is None:
+                continue
+            self.refs.add(ref)
+            if ref not in self.known:
+                message = f"names {ref}, which is missing or damaged"
+                yield self.finding("missing-object", relpath, message, snapshot_id)
+            elif self.kinds.get(ref) != kind:
+                message = f"names {ref} as a {kind}; it is a {self.kinds.get(ref)}"
+                yield self.finding("missing-object", relpath, message, snapshot_id)
 
     def _check_frontier(
         self, relpath: str, snapshot_id: str, snapshot: Snapshot
