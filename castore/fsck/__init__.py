@@ -5,6 +5,7 @@ what no task refers to.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import time
 from collections import Counter
@@ -17,11 +18,11 @@ from castore import codec
 from castore.digest import hash_bytes
 from castore.errors import CastoreError, UsageError
 from castore.fsck.findings import CODES, Finding, Severity
-from castore.fsck.objects import ObjectReport, check_batch
+from castore.fsck.objects import ObjectReport, check_batch, check_object
 from castore.fsck.tasks import TaskCheck
-from castore.fsck.tree import missing_directories, walk_objects, walk_top
+from castore.fsck.tree import missing_directories, slot_inodes, walk_objects, walk_top
 from castore.fsio import read_regular
-from castore.layout import TASKS_DIR, decode_task_id, encode_task_id
+from castore.layout import TASKS_DIR, Layout, decode_task_id, encode_task_id
 from castore.objects import ObjectStore
 from castore.records import Plan
 from castore.store import Store
@@ -132,45 +133,126 @@ def _check(
         yield from walk_top(root)
         yield from missing_directories(root)
         yield from inventory.findings
+    named: list[tuple[str, str]] = []
+    for name, task_id in _tasks(root, task):
+        if task_id is None:
+            yield Finding("bad-task-name", f"{TASKS_DIR}/{name}", "not the encoding of any task id")
+        else:
+            named.append((name, task_id))
+    # A snapshot object is the same inode as its chain slot: the task pass reads the slot
+    # anyway, so it checks the object there instead of reading and decoding it twice.
+    linked = slot_inodes(root, [name for name, _ in named])
+    deferred = {
+        i: (p, inventory.inodes[i])
+        for i, p in inventory.objects.items()
+        if inventory.inodes.get(i) in linked
+    }
+    direct = {i: p for i, p in inventory.objects.items() if i not in deferred}
     reports = _reports(
-        root, inventory.objects, task=task, store=store, jobs=jobs, progress=progress, tally=tally
+        root, direct, task=task, store=store, jobs=jobs, progress=progress, tally=tally
     )
+    tally.objects += len(deferred)
     for report in reports.values():
         yield from _wrong_name_or_rot(report, inventory.objects)
     intact = {object_id for object_id, report in reports.items() if not report.damaged}
     if task is not None:
         # Only the task's own objects were checked; anything present counts as known.
         intact |= {i for i in inventory.objects if i not in reports}
-    plans = _PlanCache(store.objects, intact)
-    present = set(inventory.objects)
-    kinds = {i: r.kind for i, r in reports.items() if r.kind is not None}
+    context = _TaskContext(
+        root=root,
+        intact=intact,
+        present=set(inventory.objects),
+        kinds={i: r.kind for i, r in reports.items() if r.kind is not None},
+        deferred=deferred,
+        now_ms=int(time.time() * 1000),
+        stuck_after_ms=int(stuck_after * 1000),
+    )
     referenced: set[str] = set()
+    checked: set[str] = set()
     unreadable = False
-    for name, task_id in _tasks(root, task):
-        if task_id is None:
-            yield Finding("bad-task-name", f"{TASKS_DIR}/{name}", "not the encoding of any task id")
-            continue
-        tally.tasks += 1
-        check = TaskCheck(
-            root,
-            name=name,
-            task_id=task_id,
-            read_plan=plans.get,
-            known=intact,
-            present=present,
-            kinds=kinds,
-            now_ms=int(time.time() * 1000),
-            stuck_after_ms=int(stuck_after * 1000),
-        )
-        yield from check.run()
-        referenced |= check.refs
-        unreadable = unreadable or check.unreadable
+    tally.tasks = len(named)
+    parallel = jobs > 1 and len(named) > 1 and len(inventory.objects) >= PARALLEL_FROM
+    for result in _run_tasks(context, named, jobs if parallel else 1):
+        yield from result.findings
+        referenced |= result.refs
+        checked |= result.checked
+        unreadable = unreadable or result.unreadable
+    for object_id in sorted(set(deferred) - checked):  # its slot could not be read
+        report = check_object(root, deferred[object_id][0], object_id)
+        yield from _wrong_name_or_rot(report, inventory.objects)
     # With a chain that cannot be read, what it names is unknown: nothing is called
     # unreachable (gc keeps every object then, too).
     if task is None and not unreadable:
         for object_id in sorted(set(inventory.objects) - referenced):
             relpath = inventory.objects[object_id]
             yield Finding("unreachable-object", relpath, "no task refers to it", object_id)
+
+
+@attrs.frozen
+class _TaskContext:
+    """What every task check needs from the object pass (inherited by forked workers)."""
+
+    root: str
+    intact: set[str]
+    present: set[str]
+    kinds: dict[str, str]
+    deferred: dict[str, tuple[str, int]]  # checked through their slot: id -> (path, inode)
+    now_ms: int
+    stuck_after_ms: int
+
+
+@attrs.frozen
+class _TaskResult:
+    findings: tuple[Finding, ...]
+    refs: frozenset[str]
+    checked: frozenset[str]
+    unreadable: bool
+
+
+_CONTEXT: list[_TaskContext] = []  # set before a pool forks: workers inherit it, no pickling
+
+
+def _check_tasks(named: list[tuple[str, str]]) -> list[_TaskResult]:
+    """Check some tasks (a unit of work for a worker process, or the whole job serially)."""
+    context = _CONTEXT[-1]
+    plans = _PlanCache(ObjectStore(Layout(context.root)), context.intact)
+    results = []
+    for name, task_id in named:
+        check = TaskCheck(
+            context.root,
+            name=name,
+            task_id=task_id,
+            read_plan=plans.get,
+            known=context.intact,
+            present=context.present,
+            kinds=context.kinds,
+            deferred=context.deferred,
+            now_ms=context.now_ms,
+            stuck_after_ms=context.stuck_after_ms,
+        )
+        findings = tuple(check.run())
+        checked = frozenset(check.checked)
+        results.append(_TaskResult(findings, frozenset(check.refs), checked, check.unreadable))
+    return results
+
+
+def _run_tasks(
+    context: _TaskContext, named: list[tuple[str, str]], jobs: int
+) -> Iterator[_TaskResult]:
+    _CONTEXT.append(context)
+    try:
+        if jobs <= 1:
+            yield from _check_tasks(named)
+            return
+        size = max(1, len(named) // (jobs * 4))
+        batches = [named[i : i + size] for i in range(0, len(named), size)]
+        # fork: the workers inherit the context (sets of every object id) without pickling.
+        fork = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=fork) as pool:
+            for results in pool.map(_check_tasks, batches):
+                yield from results
+    finally:
+        _CONTEXT.pop()
 
 
 def _wrong_name_or_rot(report: ObjectReport, present: dict[str, str]) -> Iterator[Finding]:

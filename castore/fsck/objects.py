@@ -30,6 +30,9 @@ class ObjectReport:
     findings: tuple[Finding, ...] = ()
     refs: tuple[str, ...] = ()
     actual: str | None = None  # for object-wrong-name: the id the bytes really have
+    # The decoded body and its record, for a caller that needs them (the task pass).
+    value: Any = attrs.field(default=None, eq=False, repr=False)
+    record: Any = attrs.field(default=None, eq=False, repr=False)
 
     @property
     def damaged(self) -> bool:
@@ -89,6 +92,24 @@ def check_object(root: str, relpath: str, object_id: str) -> ObjectReport:
         return report(
             "read-error", f"{errno.errorcode.get(exc.errno or 0, exc.errno)}: {exc.strerror}"
         )
+    return check_data(relpath, object_id, data, info, found)
+
+
+def check_data(
+    relpath: str,
+    object_id: str,
+    data: bytes,
+    info: os.stat_result,
+    found: list[Finding] | None = None,
+) -> ObjectReport:
+    """Check an object's bytes and file status, however they were read (directly, or through
+    the chain slot that is the same inode)."""
+    found = found if found is not None else []
+
+    def report(code: str, message: str) -> ObjectReport:
+        found.append(Finding(code, relpath, message, object_id))
+        return ObjectReport(object_id, relpath, None, tuple(found))
+
     if info.st_mode & 0o222:
         found.append(
             Finding("writable-object", relpath, f"mode {info.st_mode & 0o777:o}", object_id)
@@ -140,33 +161,32 @@ def _check_content(
     if canonical != body:
         return report("not-canonical", "re-encoding the body gives different bytes")
     try:
-        refs = _schema(kind, value)
+        record = codec.from_builtins(value, _RECORDS[kind]) if kind in _RECORDS else None
+        refs = _refs_and_rules(record)
     except (CastoreError, TypeError, ValueError, KeyError) as exc:
         return report("schema-invalid", f"not a valid {kind}: {_first_line(exc)}")
     except Exception as exc:  # noqa: BLE001 - cattrs' grouped errors: all mean "bad record"
         return report("schema-invalid", f"not a valid {kind}: {_first_line(exc)}")
     if links > _EXPECTED_LINKS.get(kind, 1):
         found.append(Finding("hard-linked-object", relpath, f"{links} names", object_id))
-    return ObjectReport(object_id, relpath, kind, tuple(found), refs)
+    return ObjectReport(object_id, relpath, kind, tuple(found), refs, value=value, record=record)
 
 
 def _first_line(exc: BaseException) -> str:
     return (str(exc) or type(exc).__name__).splitlines()[0]
 
 
-def _schema(kind: str, value: Any) -> tuple[str, ...]:
-    """Structure the record (raising if it does not fit) and return the ids it names."""
-    if kind == "plan":
-        validate_plan(codec.from_builtins(value, Plan))
+_RECORDS: dict[str, type] = {"plan": Plan, "snapshot": Snapshot}
+
+
+def _refs_and_rules(record: object) -> tuple[str, ...]:
+    """A structured record's own rules (a plan's step order), and the ids it names."""
+    if isinstance(record, Plan):
+        validate_plan(record)
         return ()
-    if kind == "snapshot":
-        snapshot = codec.from_builtins(value, Snapshot)
-        refs = [snapshot.plan]
-        if snapshot.parent is not None:
-            refs.append(snapshot.parent)
-        if snapshot.transition.result_ref is not None:
-            refs.append(snapshot.transition.result_ref)
-        return tuple(refs)
+    if isinstance(record, Snapshot):
+        named = (record.plan, record.parent, record.transition.result_ref)
+        return tuple(ref for ref in named if ref is not None)
     return ()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import stat
@@ -13,11 +14,13 @@ import attrs
 from castore.fsck.findings import Finding
 from castore.fsio import file_kind
 from castore.layout import (
+    CHAIN_DIR,
     MARKER_NAME,
     OBJECTS_DIR,
     QUARANTINE_DIR,
     TASKS_DIR,
     is_object_name,
+    parse_slot_name,
     parse_temp_name,
 )
 
@@ -30,6 +33,7 @@ class Inventory:
     """The object files found, by id, and the findings the walk itself made."""
 
     objects: dict[str, str] = attrs.field(factory=dict)  # object id -> relative path
+    inodes: dict[str, int] = attrs.field(factory=dict)  # object id -> inode number
     findings: list[Finding] = attrs.field(factory=list)
 
 
@@ -57,6 +61,17 @@ def walk_top(root: str) -> Iterator[Finding]:
         elif entry.name != MARKER_NAME and not entry.is_dir(follow_symlinks=False):
             kind = file_kind(entry.stat(follow_symlinks=False).st_mode)
             yield Finding("unsafe-file", entry.name, f"a {kind} where a directory belongs")
+
+
+def slot_inodes(root: str, task_dirs: list[str]) -> set[int]:
+    """Inode numbers of every chain slot (one directory read per task, no stat)."""
+    found: set[int] = set()
+    for name in task_dirs:
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(os.path.join(root, TASKS_DIR, name, CHAIN_DIR)):
+                if parse_slot_name(entry.name) is not None:
+                    found.add(entry.inode())
+    return found
 
 
 def missing_directories(root: str) -> Iterator[Finding]:
@@ -90,6 +105,7 @@ def walk_objects(root: str) -> Inventory:
                 inventory.findings.append(Finding("misplaced-object", relpath, message, entry.name))
             elif is_object_name(entry.name):
                 inventory.objects[entry.name] = relpath
+                inventory.inodes[entry.name] = entry.inode()  # from the directory read: free
             else:
                 mode = entry.stat(follow_symlinks=False).st_mode
                 what = "a file" if stat.S_ISREG(mode) else f"a {file_kind(mode)}"
