@@ -9,7 +9,7 @@ import multiprocessing
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 
 import attrs
@@ -20,7 +20,13 @@ from castore.errors import CastoreError, UsageError
 from castore.fsck.findings import CODES, Finding, Severity
 from castore.fsck.objects import ObjectReport, check_batch, check_object
 from castore.fsck.tasks import TaskCheck
-from castore.fsck.tree import missing_directories, slot_inodes, walk_objects, walk_top
+from castore.fsck.tree import (
+    Inventory,
+    missing_directories,
+    slot_inodes,
+    walk_objects,
+    walk_top,
+)
 from castore.fsio import read_regular
 from castore.layout import TASKS_DIR, Layout, decode_task_id, encode_task_id
 from castore.objects import ObjectStore
@@ -153,7 +159,7 @@ def _check(
     )
     tally.objects += len(deferred)
     for report in reports.values():
-        yield from _wrong_name_or_rot(report, inventory.objects)
+        yield from _explained(_wrong_name_or_rot(report, inventory.objects), inventory)
     intact = {object_id for object_id, report in reports.items() if not report.damaged}
     if task is not None:
         # Only the task's own objects were checked; anything present counts as known.
@@ -173,7 +179,7 @@ def _check(
     tally.tasks = len(named)
     parallel = jobs > 1 and len(named) > 1 and len(inventory.objects) >= PARALLEL_FROM
     for result in _run_tasks(context, named, jobs if parallel else 1):
-        yield from result.findings
+        yield from _explained(result.findings, inventory)
         referenced |= result.refs
         checked |= result.checked
         unreadable = unreadable or result.unreadable
@@ -253,6 +259,15 @@ def _run_tasks(
                 yield from results
     finally:
         _CONTEXT.pop()
+
+
+def _explained(findings: Iterable[Finding], inventory: Inventory) -> Iterator[Finding]:
+    """Drop `hard-linked-object` when the extra name is a leftover temp file of the same
+    inode (a crash between link() and unlink() of the temp): its temp-file finding says it."""
+    for finding in findings:
+        inode = inventory.inodes.get(finding.object_id or "")
+        if finding.code != "hard-linked-object" or inode not in inventory.temp_inodes:
+            yield finding
 
 
 def _wrong_name_or_rot(report: ObjectReport, present: dict[str, str]) -> Iterator[Finding]:

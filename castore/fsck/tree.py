@@ -34,6 +34,7 @@ class Inventory:
 
     objects: dict[str, str] = attrs.field(factory=dict)  # object id -> relative path
     inodes: dict[str, int] = attrs.field(factory=dict)  # object id -> inode number
+    temp_inodes: set[int] = attrs.field(factory=set)  # leftover temp files in fan-out dirs
     findings: list[Finding] = attrs.field(factory=list)
 
 
@@ -99,6 +100,7 @@ def walk_objects(root: str) -> Inventory:
             relpath = f"{relfan}/{entry.name}"
             if parse_temp_name(entry.name):
                 inventory.findings.append(temp_finding(root, relpath))
+                inventory.temp_inodes.add(entry.inode())
             elif is_object_name(entry.name) and entry.name[:2] != fanout.name:
                 # Never indexed: a copy here must not hide (or stand in for) the real one.
                 message = f"object {entry.name} is not in objects/{entry.name[:2]}/"
