@@ -644,7 +644,7 @@ def test_writable_object_is_a_warning(world: World, capsys: pytest.CaptureFixtur
     assert "644" in finding.message
 
 
-@pytest.mark.parametrize("where", ["quarantine", "tmp-name", "elsewhere-in-fanout"])
+@pytest.mark.parametrize("where", ["quarantine", "elsewhere-in-fanout"])
 def test_hard_linked_object_is_a_warning(
     world: World, capsys: pytest.CaptureFixture[str], where: str
 ) -> None:
@@ -670,6 +670,19 @@ def test_hard_linked_object_is_a_warning(
         if f.code == "hard-linked-object"
     ]
     assert "2 names" == finding.message
+
+
+def test_a_leftover_temp_link_explains_the_extra_name(
+    world: World, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A crash between link() and unlink() of the temp file leaves the temp as a second name
+    of the object: only `temp-file` (info) is reported, not `hard-linked-object`."""
+    plan_id = world.plans["plain/1"]
+    source = world.obj(plan_id)
+    leftover = source.parent / ".tmp-otherhost-77-0123456789ab"
+    os.link(source, leftover)
+    found = [row(f) for f in fsck(world.root)]
+    assert [("temp-file", INFO, world.rel(leftover), None, None)] == found
 
 
 def test_snapshot_with_a_third_name_is_hard_linked(
