@@ -85,9 +85,10 @@ def start_writer(
 
 
 def acks(lines: str) -> dict[int, str]:
-    """seq -> id of every commit a child acknowledged in `lines`."""
+    """seq -> id of every commit a child acknowledged in `lines`. A kill can tear the last
+    line mid-print: only complete lines (ending in a newline) are acknowledgements."""
     found = {}
-    for line in lines.splitlines():
+    for line in lines.split("\n")[:-1]:
         parts = line.split()
         if parts and parts[0] == "ack":
             found[int(parts[1])] = parts[2]
