@@ -19,7 +19,7 @@ import castore
 
 CTX = multiprocessing.get_context("fork")
 TASK = "race/1"
-ROUNDS = int(os.environ.get("CASTORE_RACE_ROUNDS", "200"))
+ROUNDS = int(os.environ.get("CASTORE_RACE_ROUNDS", "1000"))
 DEADLINE = 60.0
 
 
@@ -76,7 +76,7 @@ def race_worker(root: str, rounds: int, barrier: Any, worker: int, out: str) -> 
         Path(out).write_text(json.dumps(log))
 
 
-@pytest.mark.parametrize("rounds", [ROUNDS, pytest.param(1000, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("rounds", [ROUNDS, pytest.param(5000, marks=pytest.mark.slow)])
 def test_two_writers_race_and_exactly_one_wins_each_round(
     store: castore.Store, tmp_path: Path, children: list[BaseProcess], rounds: int
 ) -> None:
