@@ -18,7 +18,14 @@ import attrs
 from castore import codec, fsio
 from castore.digest import hash_bytes
 from castore.errors import CastoreError, UsageError
-from castore.layout import CHAIN_DIR, TASKS_DIR, is_object_name, parse_slot_name, parse_temp_name
+from castore.layout import (
+    CHAIN_DIR,
+    TASKS_DIR,
+    is_object_name,
+    parse_slot_name,
+    parse_temp_name,
+    temp_name,
+)
 from castore.store import Store
 
 DEFAULT_GRACE_S = 14 * 86400
@@ -98,6 +105,36 @@ def _candidates(root: str, cutoff: float, report: GcReport) -> Iterator[tuple[st
                 yield os.path.relpath(path, root), is_temp
 
 
+def _remove_if_still_old(path: str, cutoff: float, *, dry_run: bool) -> int | None:
+    """Remove `path` if it is still older than `cutoff`; its size, or None if it was kept.
+
+    The object is first renamed aside, and only then is its age read: a writer that
+    refreshed it before the rename makes it young (it is put back), and a writer that comes
+    after the rename finds the name free and publishes the object again. Between one look
+    and the removal no refresh can be lost, as it could with lstat-then-unlink.
+    """
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if info.st_mtime >= cutoff:
+        return None
+    if dry_run:
+        return info.st_size
+    aside = os.path.join(os.path.dirname(path), temp_name())  # a leftover if gc dies here
+    try:
+        os.rename(path, aside)
+    except FileNotFoundError:
+        return None
+    if os.lstat(aside).st_mtime >= cutoff:
+        fsio.link_new(aside, path)  # refreshed just before: put it back (unless re-published)
+        fsio.remove_if_present(aside)
+        fsio.fsync_dir(os.path.dirname(path))
+        return None
+    fsio.remove_if_present(aside)
+    return info.st_size
+
+
 def collect(
     path: str | os.PathLike[str],
     *,
@@ -119,16 +156,14 @@ def collect(
         if not is_temp and (report.unreadable_tasks or name in referenced):
             continue  # an unreadable chain might name it: keep every object
         full = os.path.join(root, relpath)
-        try:
-            info = os.lstat(full)
-        except FileNotFoundError:
-            continue
-        if info.st_mtime >= cutoff:
-            continue  # a writer refreshed it since it was listed
+        size = _remove_if_still_old(full, cutoff, dry_run=dry_run or is_temp)
+        if size is None:
+            continue  # gone, or a writer refreshed it since it was listed
+        if is_temp and not dry_run:
+            fsio.remove_if_present(full)  # a leftover: nobody refreshes it
         report.removed.append(relpath)
-        report.bytes_freed += info.st_size
+        report.bytes_freed += size
         if not dry_run:
-            fsio.remove_if_present(full)
             touched.add(os.path.dirname(full))
     for directory in sorted(touched):
         fsio.fsync_dir(directory)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 from castore import codec, fsio
 from castore.digest import hash_bytes
 from castore.errors import ObjectCorruptError, ObjectMissingError, UnsafeFileError
 from castore.layout import Layout
+
+# A put races gc at most once per gc run; a few tries cover any number of concurrent gcs.
+_PUBLISH_TRIES = 3
 
 
 class ObjectStore:
@@ -30,19 +32,29 @@ class ObjectStore:
         fanout = self._layout.fanout_dir(object_id)
         # A planted symlink in place of a fan-out directory must not receive objects.
         fsio.require_real_directory(fanout)
+        for _ in range(_PUBLISH_TRIES):
+            try:
+                created = fsio.publish_file(fanout, object_id, data)
+            except FileNotFoundError:
+                # Fan-out directories are made on first use; gc or a person may remove them.
+                fsio.make_dir_durable(fanout)
+                created = fsio.publish_file(fanout, object_id, data)
+            if created or self._refresh(object_id):
+                return object_id
+        raise ObjectMissingError(object_id, self.path(object_id))
+
+    def _refresh(self, object_id: str) -> bool:
+        """The object already existed: check its bytes (never trust a damaged copy) and make
+        it young again, since gc keeps what is younger than its grace period. False if it
+        vanished meanwhile (gc set it aside): then the caller publishes it anew."""
         try:
-            created = fsio.publish_file(fanout, object_id, data)
-        except FileNotFoundError:
-            # Fan-out directories are made on first use; gc or a person may remove empty ones.
-            fsio.make_dir_durable(fanout)
-            created = fsio.publish_file(fanout, object_id, data)
-        if not created:
-            # Same name, so it should be the same bytes; never trust a damaged copy. Then make
-            # it young again: gc keeps anything younger than its grace period.
             self.read(object_id)
-            with contextlib.suppress(OSError):  # not the owner in a group store: best effort
-                os.utime(self.path(object_id))
-        return object_id
+            os.utime(self.path(object_id))
+        except (ObjectMissingError, FileNotFoundError):
+            return False
+        except PermissionError:
+            pass  # not the owner in a group store: best effort (FORMAT.md, gc)
+        return True
 
     def read(self, object_id: str) -> bytes:
         """The framed bytes of an object, re-hashed: corrupt bytes are never returned."""
