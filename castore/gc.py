@@ -2,8 +2,10 @@
 
 Safe against a concurrent writer by one rule: nothing younger than the grace period is ever
 removed. A writer's new object is young until its commit names it; a writer that finds an
-object already present refreshes its mtime (ObjectStore.put) so it is young again. Lock
-files, chain slots and anything gc cannot classify are never touched.
+object already present refreshes its mtime (ObjectStore.put) so it is young again, and gc
+renames an object aside before its last look at its age, so no refresh can slip in between
+that look and the removal. Lock files, chain slots and anything gc cannot classify are never
+touched.
 """
 
 from __future__ import annotations
