@@ -11,6 +11,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
+from castore.cli import main as cli_main
 from castore.digest import hash_bytes
 from castore.layout import is_object_name
 
@@ -98,3 +101,14 @@ def flip_bit(data: bytes, index: int | None = None, bit: int = 0) -> bytes:
     """`data` with one bit flipped (in the middle byte unless `index` is given)."""
     position = len(data) // 2 if index is None else index
     return data[:position] + bytes([data[position] ^ (1 << bit)]) + data[position + 1 :]
+
+
+def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """Run the CLI in-process: (exit status, stdout, stderr)."""
+    capsys.readouterr()
+    try:
+        code = cli_main(list(argv))
+    except SystemExit as exc:  # --help and --version exit through argparse
+        code = exc.code if isinstance(exc.code, int) else 1
+    out, err = capsys.readouterr()
+    return code, out, err

@@ -14,25 +14,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers import Entry, flip_bit, rewrite
+from helpers import Entry, cli, flip_bit, rewrite
 
 import castore
-from castore.cli import main
 
 PLAN = castore.Plan.build("cli", "price", castore.effect("charge", "price"), "email")
 NEITHER = castore.Service("payments")  # neither deduplicates nor can be asked: UNRESOLVED
 TASK = "order/1"
-
-
-def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    """Run the CLI in-process: (exit status, stdout, stderr)."""
-    capsys.readouterr()
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:  # argparse exits by itself on a usage error
-        code = exc.code if isinstance(exc.code, int) else 1
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def assert_one_error_line(err: str) -> None:

@@ -24,14 +24,13 @@ from typing import Any
 
 import attrs
 import pytest
-from helpers import flip_bit, read_line, rewrite, tree_snapshot
+from helpers import cli, flip_bit, read_line, rewrite, tree_snapshot
 
 import castore
 import castore.fsck.objects
 import castore.fsck.quarantine
 import castore.gc
 from castore import codec
-from castore.cli import main
 from castore.digest import hash_bytes
 from castore.fsck import CODES, Finding, Severity, Summary, check_store
 from castore.layout import encode_task_id
@@ -199,17 +198,6 @@ def within_deadline(function: Callable[[], Any], unblock: Path | None = None) ->
     if "raised" in outcome:
         raise outcome["raised"]
     return outcome["value"]
-
-
-def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    """Run the CLI in-process: (exit status, stdout, stderr)."""
-    capsys.readouterr()
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:  # argparse exits by itself on some usage errors
-        code = exc.code if isinstance(exc.code, int) else 1
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def row(finding: Finding) -> Row:
