@@ -55,28 +55,21 @@ def resolve(
         )
     kept = tuple(r for r in run.head.effects if r.step != step_id)
     if receipt is not None:
-        check_transition(step_id, record.state, EffectState.CONFIRMED)
-        transition = Transition(
-            TransitionKind.RESOLVE,
-            step_id,
-            effect_from=record.state,
-            effect_to=EffectState.CONFIRMED,
-            receipt=receipt,
-            who=actor,
-            why=reason,
-        )
-        return run.advance(transition, kept, move_frontier=True)
-    why = _require(reason, "a reason")
-    new = moved_record(record, EffectState.NOT_DONE, run.now_ms(), why)
+        target, why, effects = EffectState.CONFIRMED, reason, kept  # CONFIRMED leaves the list
+        check_transition(step_id, record.state, target)
+    else:
+        target, why = EffectState.NOT_DONE, _require(reason, "a reason")
+        effects = (*kept, moved_record(record, target, run.now_ms(), why))
     transition = Transition(
         TransitionKind.RESOLVE,
         step_id,
         effect_from=record.state,
-        effect_to=EffectState.NOT_DONE,
+        effect_to=target,
+        receipt=receipt,
         who=actor,
         why=why,
     )
-    return run.advance(transition, (*kept, new))
+    return run.advance(transition, effects, move_frontier=receipt is not None)
 
 
 def override(
