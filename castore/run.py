@@ -213,8 +213,13 @@ class Run:
         """Commit one transition as the successor of HEAD. Any loss makes this run stale."""
         if self._stale is not None:
             raise self._stale
+        # Until an in-flight effect is settled, a changed environment is unexplained: keep the
+        # old anchor rather than adopt the new one silently. (live_env may hash a whole tree:
+        # it is computed once per commit.)
+        anchor = self.head.env if self.env_unverified else self._settings.live_env()
         if self.env_unverified and not gate.in_flight(self.head):
-            gate.check_environment(self.task_id, self.head, self._settings.live_env())
+            anchor = self._settings.live_env()
+            gate.check_environment(self.task_id, self.head, anchor)
             self.env_unverified = False
         if frontier is None:
             frontier = self.head.frontier
@@ -229,9 +234,7 @@ class Run:
             frontier=frontier,
             effects=tuple(sorted(effects, key=lambda r: r.step)),
             transition=transition,
-            # Until an in-flight effect is settled, a changed environment is unexplained:
-            # keep the old anchor rather than adopt the new one silently.
-            env=self.head.env if self.env_unverified else self._settings.live_env(),
+            env=anchor,
             time_ms=self._settings.clock(),
             writer=self._writer,
         )
