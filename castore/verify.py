@@ -80,7 +80,8 @@ def _decode_snapshot_body(task_id: str, object_id: str, data: bytes) -> dict[str
 
 def _read_snapshot(objects: ObjectStore, task_id: str, object_id: object, seq: int) -> bytes:
     try:
-        return objects.read(validate_object_id(object_id))
+        # objects.read validates the id before it becomes a path (once, not twice per walk).
+        return objects.read(object_id if isinstance(object_id, str) else repr(object_id))
     except CastoreError as exc:
         if isinstance(exc, FormatVersionError):
             raise
