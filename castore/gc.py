@@ -29,6 +29,7 @@ from castore.layout import (
     temp_name,
 )
 from castore.store import Store
+from castore.verify import named_ids
 
 DEFAULT_GRACE_S = 14 * 86400
 
@@ -67,21 +68,8 @@ def _referenced(root: str, report: GcReport) -> set[str]:
                 report.unreadable_tasks.append(task)
                 break
             seen.add(hash_bytes(data))
-            seen.update(_named(entry))
+            seen.update(named_ids(entry))
     return seen
-
-
-def _named(entry: object) -> Iterator[str]:
-    if not isinstance(entry, dict):
-        return
-    transition = entry.get("transition")
-    for value in (
-        entry.get("plan"),
-        entry.get("parent"),
-        transition.get("result_ref") if isinstance(transition, dict) else None,
-    ):
-        if isinstance(value, str):
-            yield value
 
 
 def _candidates(root: str, cutoff: float, report: GcReport) -> Iterator[tuple[str, bool]]:

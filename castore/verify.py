@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import attrs
@@ -56,6 +57,21 @@ def decode_snapshot(data: bytes) -> Snapshot:
     if kind != "snapshot":
         raise codec.FrameError(f"a {kind}, not a snapshot", "wrong-kind")
     return codec.from_builtins(codec.decode_value(body), Snapshot)
+
+
+def named_ids(entry: object) -> Iterator[str]:
+    """The object ids a decoded (unverified) snapshot names: plan, parent, result blob.
+    gc keeps and fsck checks exactly these, so both read them here."""
+    if not isinstance(entry, dict):
+        return
+    transition = entry.get("transition")
+    for value in (
+        entry.get("plan"),
+        entry.get("parent"),
+        transition.get("result_ref") if isinstance(transition, dict) else None,
+    ):
+        if isinstance(value, str):
+            yield value
 
 
 def _decode_snapshot_body(task_id: str, object_id: str, data: bytes) -> dict[str, Any]:

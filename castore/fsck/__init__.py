@@ -32,6 +32,7 @@ from castore.layout import TASKS_DIR, Layout, decode_task_id, encode_task_id
 from castore.objects import ObjectStore
 from castore.records import Plan
 from castore.store import Store
+from castore.verify import named_ids
 
 __all__ = ["CODES", "Finding", "Severity", "Summary", "check_store"]
 
@@ -312,11 +313,7 @@ def _task_objects(store: Store, task: str) -> set[str]:
         except (CastoreError, OSError, ValueError):
             continue
         wanted.add(hash_bytes(data))
-        transition = entry.get("transition") if isinstance(entry, dict) else None
-        named = [entry.get("plan"), entry.get("parent")] if isinstance(entry, dict) else []
-        if isinstance(transition, dict):
-            named.append(transition.get("result_ref"))
-        wanted.update(x for x in named if isinstance(x, str))
+        wanted.update(named_ids(entry))
     return wanted
 
 
