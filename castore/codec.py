@@ -211,8 +211,22 @@ class FrameError(ValueError):
         super().__init__(reason)
 
 
+# The header of an intact object, matched in one step (the checks below name what is wrong).
+_WELL_FORMED_HEADER = re.compile(
+    b"%s (?:%s) (%s) (0|[1-9][0-9]{0,19})\n"
+    % (
+        MAGIC,
+        b"|".join(str(version).encode() for version in SUPPORTED_VERSIONS),
+        b"|".join(kind.encode() for kind in KINDS),
+    )
+)
+
+
 def unframe(data: bytes, where: str = "object") -> tuple[str, bytes]:
     """Split an object into (kind, body); FrameError or FormatVersionError if malformed."""
+    header = _WELL_FORMED_HEADER.match(data)
+    if header is not None and len(data) - header.end() == int(header[2]):
+        return header[1].decode("ascii"), data[header.end() :]  # the one path of intact objects
     newline = data.find(b"\n", 0, MAX_HEADER)
     if newline < 0:
         code = "empty" if not data else "bad-header"

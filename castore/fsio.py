@@ -39,17 +39,38 @@ def file_kind(mode: int) -> str:
 
 def open_regular(path: str) -> int:
     """Open `path` for reading, refusing symlinks, FIFOs, devices and directories."""
+    return open_regular_with_stat(path)[0]
+
+
+def open_regular_with_stat(path: str) -> tuple[int, os.stat_result]:
+    """`open_regular`, and the fstat it had to make anyway."""
     try:
         fd = os.open(path, _READ_FLAGS)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise UnsafeFileError(path, "symlink") from exc
         raise
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
         os.close(fd)
-        raise UnsafeFileError(path, file_kind(mode))
-    return fd
+        raise UnsafeFileError(path, file_kind(info.st_mode))
+    return fd, info
+
+
+def read_regular_with_stat(path: str) -> tuple[bytes, os.stat_result]:
+    """The whole content of a regular file and its fstat, in one read() when the size it
+    stats is the size it reads (object files never change once published)."""
+    fd, info = open_regular_with_stat(path)
+    try:
+        data = os.read(fd, info.st_size + 1)
+        if len(data) != info.st_size:  # a short read, or the file changed: read to EOF
+            chunks = [data]
+            while chunk := os.read(fd, _CHUNK):
+                chunks.append(chunk)
+            data = b"".join(chunks)
+        return data, info
+    finally:
+        os.close(fd)
 
 
 def read_regular(path: str) -> bytes:

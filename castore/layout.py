@@ -28,7 +28,6 @@ MAX_TASK_ID_BYTES = 200
 MAX_TASK_NAME = 240
 
 _OBJECT_ID = re.compile(r"[0-9a-f]{64}")
-_SLOT_NAME = re.compile(r"[0-9]{16}")
 # Characters kept as they are in a task directory name. Everything else (including '.',
 # upper case and '%') is escaped, so names are injective even on case-insensitive
 # filesystems and can never be '.', '..' or hidden.
@@ -105,7 +104,8 @@ def slot_name(seq: int) -> str:
 
 def parse_slot_name(name: str) -> int | None:
     """The sequence number a slot file name stands for, or None if it is not a slot name."""
-    return int(name) if _SLOT_NAME.fullmatch(name) else None
+    # isascii: str.isdigit alone also accepts digits of other scripts.
+    return int(name) if len(name) == 16 and name.isascii() and name.isdigit() else None
 
 
 def is_object_name(name: str) -> bool:

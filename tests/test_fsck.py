@@ -1430,7 +1430,7 @@ def test_transient_read_error_is_read_again(
     world: World, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A read that fails once with EIO and then succeeds is no finding."""
-    real = castore.fsck.objects._read_once
+    real = castore.fsck.objects.read_regular_with_stat
     failed: list[str] = []
 
     def flaky(path: str) -> tuple[bytes, os.stat_result]:
@@ -1439,14 +1439,14 @@ def test_transient_read_error_is_read_again(
             raise OSError(errno.EIO, "Input/output error", path)
         return real(path)
 
-    monkeypatch.setattr(castore.fsck.objects, "_read_once", flaky)
+    monkeypatch.setattr(castore.fsck.objects, "read_regular_with_stat", flaky)
     assert [] == fsck(world.root)
     assert 1 == len(failed)
 
 
 def test_persistent_read_error_is_read_error(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
     """An object that fails to read twice in a row: `read-error`, naming the errno."""
-    real = castore.fsck.objects._read_once
+    real = castore.fsck.objects.read_regular_with_stat
     bad = str(world.obj(world.blob))
     calls: list[str] = []
 
@@ -1456,7 +1456,7 @@ def test_persistent_read_error_is_read_error(world: World, monkeypatch: pytest.M
             raise OSError(errno.EIO, "Input/output error", path)
         return real(path)
 
-    monkeypatch.setattr(castore.fsck.objects, "_read_once", failing)
+    monkeypatch.setattr(castore.fsck.objects, "read_regular_with_stat", failing)
     findings = fsck(world.root)
     assert 2 == len(calls)
     blob_rel = world.rel(bad)

@@ -19,7 +19,7 @@ from castore.digest import hash_bytes
 from castore.errors import CastoreError, UsageError
 from castore.fsck.findings import CODES, Finding, Severity
 from castore.fsck.objects import ObjectReport, check_batch, check_object
-from castore.fsck.tasks import TaskCheck
+from castore.fsck.tasks import PlanShape, TaskCheck
 from castore.fsck.tree import (
     Inventory,
     missing_directories,
@@ -332,21 +332,24 @@ def _tasks(root: str, only: str | None) -> Iterator[tuple[str, str | None]]:
 
 
 class _PlanCache:
-    """Plans by id, decoded once; None for a plan that is missing or damaged."""
+    """Plan shapes by id, decoded once; None for a plan that is missing or damaged."""
 
     def __init__(self, objects: ObjectStore, intact: set[str]) -> None:
         self._objects, self._intact = objects, intact
-        self._plans: dict[str, Plan | None] = {}
+        self._plans: dict[str, PlanShape | None] = {}
 
-    def get(self, plan_id: str) -> Plan | None:
-        if plan_id not in self._plans:
-            self._plans[plan_id] = self._load(plan_id)
-        return self._plans[plan_id]
+    def get(self, plan_id: str) -> PlanShape | None:
+        try:
+            return self._plans[plan_id]
+        except KeyError:
+            shape = self._plans[plan_id] = self._load(plan_id)
+            return shape
 
-    def _load(self, plan_id: str) -> Plan | None:
+    def _load(self, plan_id: str) -> PlanShape | None:
         if plan_id not in self._intact:
             return None
         try:
-            return codec.from_builtins(codec.decode_value(self._objects.get(plan_id, "plan")), Plan)
+            body = self._objects.get(plan_id, "plan")
+            return PlanShape.of(codec.from_builtins(codec.decode_value(body), Plan))
         except Exception:  # noqa: BLE001 - its own object finding already says what is wrong
             return None

@@ -12,8 +12,9 @@ import attrs
 from castore import codec
 from castore.digest import hash_bytes
 from castore.errors import CastoreError, FormatVersionError, UnsafeFileError
+from castore.fastdecode import decode_canonical, decode_canonical_value
 from castore.fsck.findings import Finding
-from castore.fsio import open_regular
+from castore.fsio import read_regular_with_stat
 from castore.plans import validate_plan
 from castore.records import Plan, Snapshot
 
@@ -30,8 +31,7 @@ class ObjectReport:
     findings: tuple[Finding, ...] = ()
     refs: tuple[str, ...] = ()
     actual: str | None = None  # for object-wrong-name: the id the bytes really have
-    # The decoded body and its record, for a caller that needs them (the task pass).
-    value: Any = attrs.field(default=None, eq=False, repr=False)
+    # The decoded record, for a caller that needs it (the task pass).
     record: Any = attrs.field(default=None, eq=False, repr=False)
 
     @property
@@ -47,23 +47,11 @@ def read_twice(path: str) -> bytes:
 def read_with_stat(path: str) -> tuple[bytes, os.stat_result]:
     """(bytes, fstat) of a regular file, refusing links/FIFOs, re-read once on an I/O error."""
     try:
-        return _read_once(path)
+        return read_regular_with_stat(path)
     except (FileNotFoundError, UnsafeFileError):
         raise
     except OSError:
-        return _read_once(path)
-
-
-def _read_once(path: str) -> tuple[bytes, os.stat_result]:
-    fd = open_regular(path)
-    try:
-        info = os.fstat(fd)
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-        return b"".join(chunks), info
-    finally:
-        os.close(fd)
+        return read_regular_with_stat(path)
 
 
 def canonical_bytes(value: Any) -> bytes:
@@ -101,9 +89,11 @@ def check_data(
     data: bytes,
     info: os.stat_result,
     found: list[Finding] | None = None,
+    *,
+    hashed: str | None = None,
 ) -> ObjectReport:
     """Check an object's bytes and file status, however they were read (directly, or through
-    the chain slot that is the same inode)."""
+    the chain slot that is the same inode); `hashed` is their blake3 if already computed."""
     found = found if found is not None else []
 
     def report(code: str, message: str) -> ObjectReport:
@@ -116,7 +106,7 @@ def check_data(
         )
     if not data:
         return report("object-empty", "the file is empty")
-    actual = hash_bytes(data)
+    actual = hashed or hash_bytes(data)
     if actual != object_id:
         # A valid object under another's name; check_store turns this into a hash mismatch
         # unless that other object really exists (else it is bit rot that still decodes).
@@ -150,26 +140,56 @@ def _check_content(
         code = {"empty": "object-empty", "truncated": "truncated"}.get(exc.code, exc.code)
         return report(code, exc.reason)
     try:
+        record = _decode(kind, body)
+        refs = _refs_and_rules(record)
+    except _Damage as damage:
+        return report(damage.code, damage.message)
+    except (CastoreError, TypeError, ValueError, KeyError) as exc:  # a plan's own rules
+        return report("schema-invalid", f"not a valid {kind}: {_first_line(exc)}")
+    if links > _EXPECTED_LINKS.get(kind, 1):
+        found.append(Finding("hard-linked-object", relpath, f"{links} names", object_id))
+    return ObjectReport(object_id, relpath, kind, tuple(found), refs, record=record)
+
+
+def _decode(kind: str, body: bytes) -> object:
+    """The record of a body (None for a blob), by the fast path where it can vouch for the
+    body, else by the strict one; _Damage says why the body is not valid."""
+    record_type = _RECORDS.get(kind)
+    if record_type is None:
+        if decode_canonical_value(body) is not None:
+            return None
+    else:
+        record = decode_canonical(body, record_type)
+        if record is not None:
+            return record
+    return _decode_strict(kind, body)
+
+
+class _Damage(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+def _decode_strict(kind: str, body: bytes) -> object:
+    """The record (None for a blob) of a body, by the definition in `codec`."""
+    try:
         # Plain parsing is enough here: duplicate keys, NaN and non-canonical forms all make
         # the re-encoding below differ from the body (or fail), and ints are bounded.
         value = json.loads(body.decode("utf-8"), parse_int=codec.bounded_int)
         canonical = canonical_bytes(value)
     except UnicodeEncodeError:
-        return report("undecodable", "a string escapes a lone surrogate, which is not unicode")
+        raise _Damage("undecodable", "a string escapes a lone surrogate, not unicode") from None
     except ValueError as exc:
-        return report("undecodable", str(exc))
+        raise _Damage("undecodable", str(exc)) from None
     if canonical != body:
-        return report("not-canonical", "re-encoding the body gives different bytes")
+        raise _Damage("not-canonical", "re-encoding the body gives different bytes")
+    if kind not in _RECORDS:
+        return None
     try:
-        record = codec.from_builtins(value, _RECORDS[kind]) if kind in _RECORDS else None
-        refs = _refs_and_rules(record)
-    except (CastoreError, TypeError, ValueError, KeyError) as exc:
-        return report("schema-invalid", f"not a valid {kind}: {_first_line(exc)}")
+        return codec.from_builtins(value, _RECORDS[kind])
     except Exception as exc:  # noqa: BLE001 - cattrs' grouped errors: all mean "bad record"
-        return report("schema-invalid", f"not a valid {kind}: {_first_line(exc)}")
-    if links > _EXPECTED_LINKS.get(kind, 1):
-        found.append(Finding("hard-linked-object", relpath, f"{links} names", object_id))
-    return ObjectReport(object_id, relpath, kind, tuple(found), refs, value=value, record=record)
+        raise _Damage("schema-invalid", f"not a valid {kind}: {_first_line(exc)}") from None
 
 
 def _first_line(exc: BaseException) -> str:

@@ -96,22 +96,31 @@ def walk_objects(root: str) -> Inventory:
         if not _FANOUT.fullmatch(fanout.name) or not fanout.is_dir(follow_symlinks=False):
             inventory.findings.append(Finding("bad-fanout", relfan, "not a fan-out directory"))
             continue
-        for entry in sorted(os.scandir(fanout.path), key=lambda e: e.name):
-            relpath = f"{relfan}/{entry.name}"
-            if parse_temp_name(entry.name):
-                inventory.findings.append(temp_finding(root, relpath))
-                inventory.temp_inodes.add(entry.inode())
-            elif is_object_name(entry.name) and entry.name[:2] != fanout.name:
-                # Never indexed: a copy here must not hide (or stand in for) the real one.
-                message = f"object {entry.name} is not in objects/{entry.name[:2]}/"
-                inventory.findings.append(Finding("misplaced-object", relpath, message, entry.name))
-            elif is_object_name(entry.name):
-                inventory.objects[entry.name] = relpath
-                inventory.inodes[entry.name] = entry.inode()  # from the directory read: free
-            else:
-                mode = entry.stat(follow_symlinks=False).st_mode
-                what = "a file" if stat.S_ISREG(mode) else f"a {file_kind(mode)}"
-                inventory.findings.append(
-                    Finding("stray-file", relpath, f"{what} not named by an object id")
-                )
+        _walk_fanout(root, fanout, relfan, inventory)
     return inventory
+
+
+def _walk_fanout(root: str, fanout: os.DirEntry[str], relfan: str, inventory: Inventory) -> None:
+    """One fan-out directory: objects indexed (the common case, tested first), anything else
+    a finding, in name order."""
+    objects, inodes = inventory.objects, inventory.inodes
+    findings: list[Finding] = []
+    for entry in os.scandir(fanout.path):
+        name = entry.name
+        relpath = f"{relfan}/{name}"
+        if len(name) == 64 and is_object_name(name):
+            if name.startswith(fanout.name):
+                objects[name] = relpath
+                inodes[name] = entry.inode()  # from the directory read: free
+            else:
+                # Never indexed: a copy here must not hide (or stand in for) the real one.
+                message = f"object {name} is not in objects/{name[:2]}/"
+                findings.append(Finding("misplaced-object", relpath, message, name))
+        elif parse_temp_name(name):
+            findings.append(temp_finding(root, relpath))
+            inventory.temp_inodes.add(entry.inode())
+        else:
+            mode = entry.stat(follow_symlinks=False).st_mode
+            what = "a file" if stat.S_ISREG(mode) else f"a {file_kind(mode)}"
+            findings.append(Finding("stray-file", relpath, f"{what} not named by an object id"))
+    inventory.findings.extend(sorted(findings, key=lambda finding: finding.path))

@@ -1,0 +1,79 @@
+"""A fast path for reading object bodies that are already canonical: msgspec parses and
+type-checks a body in C, straight into the attrs records, and re-encoding the result must
+give back the very same bytes.
+
+`codec` (strict JSON decoding, then cattrs) stays the definition of a valid body and the
+source of every error message. This path only ever answers "valid, here is the value" or
+"not sure": it never rejects. It accepts a body only where the strict path provably would,
+with an equal value:
+- msgspec's sorted-key encoding equals the canonical encoding for every string (checked for
+  every code point), every key order and every int; re-encoding to the same bytes therefore
+  rules out extra keys, duplicate keys, missing defaults, whitespace and other escapes;
+- floats differ only in exponent form (msgspec writes 1e16 where Python writes 1e+16), so a
+  float whose canonical text has an exponent sends the body to the strict path;
+- msgspec reads ints up to 2**64 - 1 and wider, the data model stops at signed 64 bits, so a
+  run of 19 or more digits anywhere (even inside a string) sends the body to the strict path.
+This is the only module that imports msgspec.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, TypeVar
+
+import msgspec
+
+T = TypeVar("T")
+
+# 2**63 has 19 digits: every int outside the data model has at least that many. Mapping
+# every digit to "0" and the rest to " " turns the search into a substring test (a regex
+# costs ten times more, and this runs on every object fsck reads).
+_DIGITS_AS_ZEROS = bytes(0x30 if 0x30 <= byte <= 0x39 else 0x20 for byte in range(256))
+_LONG_DIGIT_RUN = b"0" * 19
+
+
+class _NotPlain(Exception):
+    """A float whose canonical text would differ from msgspec's."""
+
+
+def _plain_float(text: str) -> float:
+    """msgspec's hook for every float of an untyped (Any) field: the records have no float
+    fields, so this sees them all."""
+    value = float(text)
+    if not math.isfinite(value) or "e" in repr(value):
+        raise _NotPlain(text)
+    return value
+
+
+_ENCODER = msgspec.json.Encoder(order="sorted")
+_DECODERS: dict[object, msgspec.json.Decoder[Any]] = {}
+
+
+def _decoder(cls: object) -> msgspec.json.Decoder[Any]:
+    decoder = _DECODERS.get(cls)
+    if decoder is None:
+        decoder = _DECODERS[cls] = msgspec.json.Decoder(cls, float_hook=_plain_float)
+    return decoder
+
+
+def decode_canonical(body: bytes, cls: type[T]) -> T | None:
+    """The record of type `cls` that `body` encodes, if `body` is its canonical encoding;
+    None when this path cannot tell (the strict path in `codec` then decides)."""
+    decoded = _decode(body, cls)
+    return decoded[0] if decoded else None
+
+
+def decode_canonical_value(body: bytes) -> tuple[Any] | None:
+    """(value,) for the canonical body of any JSON value (a blob), or None when unsure."""
+    return _decode(body, Any)
+
+
+def _decode(body: bytes, cls: object) -> tuple[Any] | None:
+    if _LONG_DIGIT_RUN in body.translate(_DIGITS_AS_ZEROS):
+        return None
+    try:
+        value = _decoder(cls).decode(body)
+        again = _ENCODER.encode(value)
+    except (msgspec.MsgspecError, _NotPlain, ValueError, TypeError, OverflowError):
+        return None  # the strict path will say what is wrong, if anything is
+    return (value,) if again == body else None

@@ -1,0 +1,169 @@
+"""fsck's fast decoding path (castore.fastdecode) never accepts what the strict path refuses.
+
+The contract: `decode_canonical` answers "valid, here is the record" or "not sure" (None).
+Whenever it answers, the strict path (codec.decode_value + canonical re-encoding + cattrs)
+must accept the same bytes and give an equal record of the same types.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from castore import codec
+from castore.errors import EncodingError
+from castore.fastdecode import decode_canonical, decode_canonical_value
+from castore.records import (
+    EffectRecord,
+    EffectState,
+    Frontier,
+    Plan,
+    Snapshot,
+    Step,
+    Transition,
+    TransitionKind,
+    Writer,
+)
+
+INTS = st.integers(min_value=-(2**65), max_value=2**65)  # also beyond the 64-bit model
+FLOATS = st.floats(allow_nan=False, allow_infinity=False)
+LEAVES = st.none() | st.booleans() | INTS | FLOATS | st.text()
+VALUES = st.recursive(
+    LEAVES,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+def strict_record(body: bytes, cls: type[Any] | None) -> Any:
+    """What the strict path makes of `body`; raises if it refuses it."""
+    value = codec.decode_value(body)
+    if codec.encode_value(value) != body:
+        raise ValueError("not canonical")
+    return value if cls is None else codec.from_builtins(value, cls)
+
+
+def typed(value: Any) -> Any:
+    """`value` with every leaf tagged by its exact type (True != 1, 1 != 1.0, 0.0 != -0.0)."""
+    if isinstance(value, list | tuple):
+        return [type(value).__name__, [typed(item) for item in value]]
+    if isinstance(value, dict):
+        return ["dict", sorted((key, typed(item)) for key, item in value.items())]
+    if isinstance(value, float):
+        return ["float", value.hex()]
+    return [type(value).__name__, value]
+
+
+def assert_agrees(body: bytes, cls: type[Any] | None) -> Any:
+    """The fast answer for `body`, after checking the strict path accepts it alike."""
+    fast = decode_canonical_value(body) if cls is None else decode_canonical(body, cls)
+    if fast is None:
+        return None
+    fast_value = fast[0] if cls is None else fast
+    strict = strict_record(body, cls)  # raises: the fast path accepted what it must not
+    assert strict == fast_value
+    if cls is None:
+        assert typed(strict) == typed(fast_value)
+    return fast_value
+
+
+def snapshot(**changes: Any) -> Snapshot:
+    fields: dict[str, Any] = {
+        "task": "invoice/42",
+        "seq": 3,
+        "parent": "ab" * 32,  # ("0" * 64 is a long digit run: the strict path would decide)
+        "plan": "cd" * 32,
+        "frontier": Frontier(3, "pay"),
+        "effects": (EffectRecord("pay", "cas-k", EffectState.SUBMITTED, 5, attempts=1),),
+        "transition": Transition(TransitionKind.EFFECT, step="pay", result={"n": 1.5}),
+        "env": None,
+        "time_ms": 1_700_000_000_000,
+        "writer": Writer("host", 7, "0123456789abcdef"),
+    }
+    fields.update(changes)
+    return Snapshot(**fields)
+
+
+def body_of(record: object) -> bytes:
+    return codec.unframe(codec.encode_record("snapshot", record))[1]
+
+
+def test_a_canonical_snapshot_takes_the_fast_path_with_equal_typed_fields() -> None:
+    record = snapshot()
+    fast = assert_agrees(body_of(record), Snapshot)
+    assert record == fast
+    assert type(fast.effects) is tuple
+    assert type(fast.transition.kind) is TransitionKind
+    assert type(fast.effects[0].state) is EffectState
+
+
+def test_a_canonical_plan_takes_the_fast_path() -> None:
+    plan = Plan.build("p", "a", Step("b", effect=True, after=("a",)), owner="me")
+    body = codec.unframe(codec.encode_record("plan", plan))[1]
+    assert plan == assert_agrees(body, Plan)
+
+
+@given(VALUES)
+def test_any_canonical_value_is_accepted_alike_or_left_to_the_strict_path(value: Any) -> None:
+    try:
+        body = codec.encode_value(value)
+    except EncodingError:
+        return  # outside the data model (an int beyond 64 bits): nothing canonical to read
+    assert_agrees(body, None)
+
+
+@given(st.binary(max_size=64))
+def test_arbitrary_bytes_are_never_accepted_unless_the_strict_path_accepts(body: bytes) -> None:
+    assert_agrees(body, None)
+
+
+@given(st.data())
+def test_mutated_snapshot_bodies_are_never_wrongly_accepted(data: st.DataObject) -> None:
+    """Replace a slice of a valid body with JSON-ish text: whatever the fast path accepts,
+    the strict path accepts too, with an equal record."""
+    body = body_of(snapshot())
+    start = data.draw(st.integers(0, len(body)))
+    end = data.draw(st.integers(start, min(len(body), start + 12)))
+    filler = data.draw(
+        st.text(alphabet='0123456789-+.eE"{}[],:nultrfase \\', max_size=12)
+        | st.sampled_from(["9223372036854775808", "1e16", "1e+16", ' "seq":3', '"extra":1,'])
+    )
+    assert_agrees(body[:start] + filler.encode() + body[end:], Snapshot)
+
+
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        (b'{"x":1e16}', "msgspec's exponent form, not the canonical 1e+16"),
+        (b'{"x":1e+16}', "canonical, but an exponent float: left to the strict path"),
+        (b'{"x":0.00001}', "Python writes 1e-05"),
+        (b'{"x":9223372036854775808}', "one past the 64-bit model"),
+        (b'{"x":18446744073709551615}', "the largest uint64, which msgspec reads"),
+        (b'{"a":1,"a":1}', "a duplicate key"),
+        (b'{"b":1,"a":2}', "keys out of order"),
+        (b'{"a": 1}', "whitespace"),
+        (b'"\\u00e9"', "an escape where canonical JSON has the raw character"),
+        (b'"\\ud800"', "a lone surrogate"),
+        (b"1e999", "infinity"),
+    ],
+)
+def test_bodies_the_fast_path_must_leave_to_the_strict_path(body: bytes, why: str) -> None:
+    assert decode_canonical_value(body) is None, why
+
+
+def test_snapshot_bodies_the_fast_path_must_leave_to_the_strict_path() -> None:
+    body = body_of(snapshot())
+    extra = body.replace(b'"env":null', b'"env":null,"extra":1')
+    missing_default = body.replace(b'"attempts":1,', b"")
+    wide = body.replace(b'"seq":3', b'"seq":9223372036854775808')
+    boolean = body.replace(b'"seq":3', b'"seq":true')
+    for bad in (extra, missing_default, wide, boolean):
+        assert bad != body
+        assert decode_canonical(bad, Snapshot) is None
+    with pytest.raises((ValueError, codec.SchemaError)):
+        strict_record(extra, Snapshot)
+    with pytest.raises(ValueError, match="does not fit in 64 bits"):
+        strict_record(wide, Snapshot)
