@@ -50,10 +50,11 @@ _DECODERS: dict[object, msgspec.json.Decoder[Any]] = {}
 
 
 def _decoder(cls: object) -> msgspec.json.Decoder[Any]:
-    decoder = _DECODERS.get(cls)
-    if decoder is None:
+    try:
+        return _DECODERS[cls]
+    except KeyError:
         decoder = _DECODERS[cls] = msgspec.json.Decoder(cls, float_hook=_plain_float)
-    return decoder
+        return decoder
 
 
 def decode_canonical(body: bytes, cls: type[T]) -> T | None:

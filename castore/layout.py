@@ -108,6 +108,11 @@ def parse_slot_name(name: str) -> int | None:
     return int(name) if len(name) == 16 and name.isascii() and name.isdigit() else None
 
 
+def object_relpath(object_id: str) -> str:
+    """Where object `object_id` lives, relative to the store root (its id is not checked)."""
+    return f"{OBJECTS_DIR}/{object_id[:2]}/{object_id}"
+
+
 def is_object_name(name: str) -> bool:
     """True for a well-formed object file name (64 lowercase hex digits)."""
     return _OBJECT_ID.fullmatch(name) is not None

@@ -1468,15 +1468,19 @@ def test_persistent_read_error_is_read_error(world: World, monkeypatch: pytest.M
 def test_parallel_check_finds_what_the_serial_one_finds(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Objects checked by a process pool give the same findings as one process."""
+    """Tasks and objects checked by a process pool give the same findings, in the same
+    order, as one process."""
     rewrite(world.obj(world.blob), lambda data: data[:-1])
     world.obj(world.plans["shop/1"]).chmod(0o644)
+    world.obj(world.snaps["plain/1"][1]).chmod(0o644)  # a snapshot object, judged via its slot
     put_raw(world.store, craft(b"widget", b"{}"))
-    serial = sorted(map(row, fsck(world.root)), key=str)
-    monkeypatch.setattr(castore.fsck, "PARALLEL_FROM", 1)
+    serial = [row(finding) for finding in check_store(world.root, jobs=1)]
+    assert {"hash-mismatch", "writable-object", "unknown-kind"} <= {r[0] for r in serial}
+    monkeypatch.setattr(castore.fsck, "PARALLEL_TASKS", 1)
+    monkeypatch.setattr(castore.fsck, "PARALLEL_OBJECTS", 1)
     monkeypatch.setattr(castore.fsck, "BATCH", 3)
     before = tree_snapshot(world.root)
-    parallel = sorted(map(row, check_store(world.root, jobs=3)), key=str)
+    parallel = [row(finding) for finding in check_store(world.root, jobs=3)]
     assert before == tree_snapshot(world.root)
     assert serial == parallel
 

@@ -1,6 +1,11 @@
 """castore fsck: a read-only verifier that yields findings and never raises for the damage
-it finds. Objects are checked in parallel on large stores; then every task's chain; then
-what no task refers to.
+it finds.
+
+Worker processes check every task: each chain slot is read once and judged both as a link
+of the chain and as the snapshot object it is (the same inode), and each plan or blob a
+chain names is checked where its id says it lives. Meanwhile this process lists objects/;
+then it checks directly whatever the task pass did not cover, and reports what no task
+refers to.
 """
 
 from __future__ import annotations
@@ -8,36 +13,31 @@ from __future__ import annotations
 import multiprocessing
 import os
 import time
+from array import array
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 
 import attrs
 
-from castore import codec
-from castore.digest import hash_bytes
-from castore.errors import CastoreError, UsageError
+from castore.errors import UsageError
 from castore.fsck.findings import CODES, Finding, Severity
-from castore.fsck.objects import ObjectReport, check_batch, check_object
-from castore.fsck.tasks import PlanShape, TaskCheck
-from castore.fsck.tree import (
-    Inventory,
-    missing_directories,
-    slot_inodes,
-    walk_objects,
-    walk_top,
+from castore.fsck.objects import ObjectReport, check_object
+from castore.fsck.tasks import NamedObjects, SlotCheck, TaskCheck
+from castore.fsck.tree import Inventory, missing_directories, walk_objects, walk_top
+from castore.layout import (
+    CHAIN_DIR,
+    TASKS_DIR,
+    decode_task_id,
+    encode_task_id,
+    object_relpath,
+    slot_name,
 )
-from castore.fsio import read_regular
-from castore.layout import TASKS_DIR, Layout, decode_task_id, encode_task_id
-from castore.objects import ObjectStore
-from castore.records import Plan
 from castore.store import Store
-from castore.verify import named_ids
 
 __all__ = ["CODES", "Finding", "Severity", "Summary", "check_store"]
 
-PARALLEL_FROM = 2000  # objects; below this a process pool costs more than it saves
-BATCH = 500
+BATCH = 500  # objects per unit of work of the direct checks
 Progress = Callable[[int, int], None]
 
 
@@ -72,25 +72,9 @@ class Summary:
         }
 
 
-def _run_objects(
-    root: str, items: list[tuple[str, str]], jobs: int, progress: Progress | None
-) -> Iterator[ObjectReport]:
-    batches = [items[i : i + BATCH] for i in range(0, len(items), BATCH)]
-    done = 0
-    if jobs > 1 and len(items) >= PARALLEL_FROM:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            for reports in pool.map(check_batch, [root] * len(batches), batches):
-                done += len(reports)
-                if progress:
-                    progress(done, len(items))
-                yield from reports
-        return
-    for batch in batches:
-        reports = check_batch(root, batch)
-        done += len(reports)
-        if progress:
-            progress(done, len(items))
-        yield from reports
+def _check_batch(root: str, batch: list[tuple[str, str]]) -> list[ObjectReport]:
+    """Check some objects by path (a unit of work for a worker process)."""
+    return [attrs.evolve(check_object(root, relpath, i), record=None) for relpath, i in batch]
 
 
 def check_store(
@@ -135,85 +119,172 @@ def _check(
     progress: Progress | None,
     tally: Summary,
 ) -> Iterator[Finding]:
-    inventory = walk_objects(root)
-    if task is None:
-        yield from walk_top(root)
-        yield from missing_directories(root)
-        yield from inventory.findings
     named: list[tuple[str, str]] = []
-    for name, task_id in _tasks(root, task):
+    for name, task_id in _tasks(store, task):
         if task_id is None:
             yield Finding("bad-task-name", f"{TASKS_DIR}/{name}", "not the encoding of any task id")
         else:
             named.append((name, task_id))
-    # A snapshot object is the same inode as its chain slot: the task pass reads the slot
-    # anyway, so it checks the object there instead of reading and decoding it twice.
-    linked = slot_inodes(root, [name for name, _ in named])
-    deferred = {
-        i: (p, inventory.inodes[i])
-        for i, p in inventory.objects.items()
-        if inventory.inodes.get(i) in linked
-    }
-    direct = {i: p for i, p in inventory.objects.items() if i not in deferred}
-    reports = _reports(
-        root, direct, task=task, store=store, jobs=jobs, progress=progress, tally=tally
-    )
-    tally.objects += len(deferred)
-    for report in reports.values():
-        yield from _explained(_wrong_name_or_rot(report, inventory.objects), inventory)
-    intact = {object_id for object_id, report in reports.items() if not report.damaged}
-    if task is not None:
-        # Only the task's own objects were checked; anything present counts as known.
-        intact |= {i for i in inventory.objects if i not in reports}
-    context = _TaskContext(
-        root=root,
-        intact=intact,
-        present=set(inventory.objects),
-        kinds={i: r.kind for i, r in reports.items() if r.kind is not None},
-        deferred=deferred,
-        now_ms=int(time.time() * 1000),
-        stuck_after_ms=int(stuck_after * 1000),
-    )
-    referenced: set[str] = set()
-    checked: set[str] = set()
-    unreadable = False
-    tally.tasks = len(named)
-    parallel = jobs > 1 and len(named) > 1 and len(inventory.objects) >= PARALLEL_FROM
-    for result in _run_tasks(context, named, jobs if parallel else 1):
-        yield from _explained(result.findings, inventory)
-        referenced |= result.refs
-        checked |= result.checked
-        unreadable = unreadable or result.unreadable
-    for object_id in sorted(set(deferred) - checked):  # its slot could not be read
-        report = check_object(root, deferred[object_id][0], object_id)
-        yield from _wrong_name_or_rot(report, inventory.objects)
+    context = _TaskContext(root, int(time.time() * 1000), int(stuck_after * 1000))
+    with _Workers(jobs if len(named) >= PARALLEL_TASKS else 1) as workers:
+        # The task pass starts first: the workers read every chain (and every snapshot object
+        # through its slot, the same inode) while this process lists objects/.
+        results = workers.tasks(context, named)
+        inventory = walk_objects(root)
+        if task is None:
+            yield from walk_top(root)
+            yield from missing_directories(root)
+            yield from inventory.findings
+        checks = _ObjectChecks(inventory, progress)
+        unreadable = False
+        chain_findings: list[Finding] = []  # reported after the objects they may point at
+        for result in results:
+            chain_findings.extend(_explained(result.findings, inventory))
+            chain_findings.extend(checks.add_task(result))
+            unreadable = unreadable or result.unreadable
+        # What no readable slot covered: objects no chain reaches, plans and blobs named only
+        # in damaged chains, snapshot objects whose slot is a copy. With --task, only what
+        # that task names.
+        wanted = None if task is None else checks.referenced
+        checks.add_reports(workers.objects(root, checks.unchecked(wanted)))
+        tally.objects = checks.checked
+        tally.tasks = len(named)
+        for report in sorted(checks.reports.values(), key=lambda r: r.path):
+            yield from _explained(_wrong_name_or_rot(report, inventory.inodes), inventory)
+        yield from chain_findings
+        yield from checks.slot_findings()
     # With a chain that cannot be read, what it names is unknown: nothing is called
     # unreachable (gc keeps every object then, too).
     if task is None and not unreadable:
-        for object_id in sorted(set(inventory.objects) - referenced):
-            relpath = inventory.objects[object_id]
+        for object_id in sorted(inventory.inodes.keys() - checks.referenced):
+            relpath = object_relpath(object_id)
             yield Finding("unreachable-object", relpath, "no task refers to it", object_id)
+
+
+class _ObjectChecks:
+    """Every object's report, gathered from the task pass and then from direct checks, and
+    the findings of slots that only the whole store's listing can make."""
+
+    def __init__(self, inventory: Inventory, progress: Progress | None) -> None:
+        self.inventory = inventory
+        self.progress = progress
+        self.reports: dict[str, ObjectReport] = {}  # objects checked, with what they found
+        self.clean: set[str] = set()  # snapshot objects checked through a clean slot
+        self.referenced: set[str] = set()
+        self._copies: list[tuple[str, str, int, str]] = []  # (name, task id, seq, object id)
+
+    def add_task(self, result: _TaskResult) -> Iterator[Finding]:
+        """Take one task's slots and named objects; yield what its slots say of objects/."""
+        inodes, name, task_id = self.inventory.inodes, result.name, result.task_id
+        self.referenced |= result.refs
+        for seq, snapshot_id, slot_inode in result.clean_slots():
+            self.referenced.add(snapshot_id)
+            listed = inodes.get(snapshot_id)
+            if listed == slot_inode:  # the slot is the object, and the object is intact
+                self.clean.add(snapshot_id)
+            elif listed is None:
+                yield _slot_finding(name, task_id, seq, snapshot_id, _UNPUBLISHED)
+            else:  # a copy of the object's bytes: judged once the object itself is checked
+                self._copies.append((name, task_id, seq, snapshot_id))
+        for slot in result.slots:
+            self.referenced.add(slot.snapshot_id)
+            inode = inodes.get(slot.snapshot_id)
+            if inode == slot.inode:  # the slot is the object: its report is the object's
+                if slot.snapshot_id not in self.reports:
+                    kind = None if slot.damaged else "snapshot"
+                    path = object_relpath(slot.snapshot_id)
+                    self.reports[slot.snapshot_id] = ObjectReport(
+                        slot.snapshot_id, path, kind, slot.findings
+                    )
+                if slot.damaged:
+                    yield _slot_finding(name, task_id, slot.seq, slot.snapshot_id, _DAMAGED)
+            elif inode is None:
+                yield _slot_finding(name, task_id, slot.seq, slot.snapshot_id, _UNPUBLISHED)
+            else:  # a copy of the object's bytes: judged once the object itself is checked
+                self._copies.append((name, task_id, slot.seq, slot.snapshot_id))
+        self.add_reports(result.named.values())
+
+    def add_reports(self, reports: Iterable[ObjectReport]) -> None:
+        for report in reports:
+            if report.object_id in self.inventory.inodes:
+                self.reports.setdefault(report.object_id, report)
+        if self.progress:
+            total = len(self.inventory.inodes)
+            self.progress(min(self.checked, total), total)
+
+    @property
+    def checked(self) -> int:
+        """How many objects have been checked, one way or the other."""
+        return len(self.reports) + len(self.clean.difference(self.reports))
+
+    def unchecked(self, wanted: set[str] | None) -> list[tuple[str, str]]:
+        """(path, id) of every object (of `wanted`, if given) that has no report yet."""
+        return sorted(
+            (object_relpath(object_id), object_id)
+            for object_id in self.inventory.inodes
+            if object_id not in self.reports
+            and object_id not in self.clean
+            and (wanted is None or object_id in wanted)
+        )
+
+    def slot_findings(self) -> Iterator[Finding]:
+        """Slots that are copies of a damaged object say so (once every report is in)."""
+        for name, task_id, seq, object_id in self._copies:
+            report = self.reports.get(object_id)
+            if report is not None and report.damaged and object_id not in self.clean:
+                yield _slot_finding(name, task_id, seq, object_id, _DAMAGED)
+
+
+_DAMAGED = ("missing-object", "the snapshot object of this slot is damaged (see its own finding)")
+_UNPUBLISHED = ("slot-not-published", "no object of these bytes in objects/")
+
+
+def _slot_finding(
+    name: str, task_id: str, seq: int, object_id: str, what: tuple[str, str]
+) -> Finding:
+    relpath = f"{TASKS_DIR}/{name}/{CHAIN_DIR}/{slot_name(seq)}"
+    return Finding(what[0], relpath, what[1], object_id, task_id)
+
+
+PARALLEL_TASKS = 8  # below this a process pool costs more than it saves
 
 
 @attrs.frozen
 class _TaskContext:
-    """What every task check needs from the object pass (inherited by forked workers)."""
+    """What every task check needs (inherited by forked workers, never pickled)."""
 
     root: str
-    intact: set[str]
-    present: set[str]
-    kinds: dict[str, str]
-    deferred: dict[str, tuple[str, int]]  # checked through their slot: id -> (path, inode)
     now_ms: int
     stuck_after_ms: int
 
 
 @attrs.frozen
 class _TaskResult:
+    name: str
+    task_id: str
     findings: tuple[Finding, ...]
-    refs: frozenset[str]
-    checked: frozenset[str]
+    slots: tuple[SlotCheck, ...]  # slots with something to report
+    # The clean slots, packed (20,000 tuples would cost more to pickle than to check):
+    clean_ids: bytes  # their snapshot ids, 32 raw bytes each
+    clean_seqs: bytes  # array("q") of their sequence numbers
+    clean_inodes: bytes  # array("Q") of their inode numbers
+    refs: frozenset[str]  # ids the chain names besides its own slots' snapshots
+    named: dict[str, ObjectReport]  # the plans and blobs it named, checked (records dropped)
     unreadable: bool
+
+    def clean_slots(self) -> Iterator[tuple[int, str, int]]:
+        """(seq, snapshot id, inode) of each clean slot."""
+        ids = self.clean_ids.hex()
+        seqs, inodes = array("q", self.clean_seqs), array("Q", self.clean_inodes)
+        for index, (seq, inode) in enumerate(zip(seqs, inodes, strict=True)):
+            yield seq, ids[64 * index : 64 * index + 64], inode
+
+    @staticmethod
+    def pack(clean: list[tuple[int, str, int]]) -> tuple[bytes, bytes, bytes]:
+        """The three packed fields of `clean`, (seq, snapshot id, inode) tuples."""
+        ids = bytes.fromhex("".join(snapshot_id for _, snapshot_id, _ in clean))
+        seqs = array("q", [seq for seq, _, _ in clean]).tobytes()
+        return ids, seqs, array("Q", [inode for _, _, inode in clean]).tobytes()
 
 
 _CONTEXT: list[_TaskContext] = []  # set before a pool forks: workers inherit it, no pickling
@@ -222,44 +293,76 @@ _CONTEXT: list[_TaskContext] = []  # set before a pool forks: workers inherit it
 def _check_tasks(named: list[tuple[str, str]]) -> list[_TaskResult]:
     """Check some tasks (a unit of work for a worker process, or the whole job serially)."""
     context = _CONTEXT[-1]
-    plans = _PlanCache(ObjectStore(Layout(context.root)), context.intact)
+    objects = NamedObjects(context.root)
     results = []
     for name, task_id in named:
         check = TaskCheck(
             context.root,
             name=name,
             task_id=task_id,
-            read_plan=plans.get,
-            known=context.intact,
-            present=context.present,
-            kinds=context.kinds,
-            deferred=context.deferred,
+            named=objects,
             now_ms=context.now_ms,
             stuck_after_ms=context.stuck_after_ms,
         )
         findings = tuple(check.run())
-        checked = frozenset(check.checked)
-        results.append(_TaskResult(findings, frozenset(check.refs), checked, check.unreadable))
+        own = {slot.snapshot_id for slot in check.slots}
+        own.update(snapshot_id for _, snapshot_id, _ in check.clean)
+        results.append(
+            _TaskResult(
+                name,
+                task_id,
+                findings,
+                tuple(check.slots),
+                *_TaskResult.pack(check.clean),
+                frozenset(check.refs - own),
+                {},
+                check.unreadable,
+            )
+        )
+    if results:  # the named objects of the whole batch travel once, with its last task
+        reports = {i: attrs.evolve(r, record=None) for i, r in objects.reports.items() if r}
+        results[-1] = attrs.evolve(results[-1], named=reports)
     return results
 
 
-def _run_tasks(
-    context: _TaskContext, named: list[tuple[str, str]], jobs: int
-) -> Iterator[_TaskResult]:
-    _CONTEXT.append(context)
-    try:
-        if jobs <= 1:
-            yield from _check_tasks(named)
-            return
-        size = max(1, len(named) // (jobs * 4))
+class _Workers:
+    """A pool of forked worker processes (or none, for jobs=1), for the task pass and then
+    for the objects it did not cover."""
+
+    def __init__(self, jobs: int) -> None:
+        self._jobs = jobs
+        self._pool: ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> _Workers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+        _CONTEXT.clear()
+
+    def tasks(self, context: _TaskContext, named: list[tuple[str, str]]) -> Iterator[_TaskResult]:
+        """Results in task order; with a pool, the work has started when this returns."""
+        _CONTEXT.append(context)
+        if self._jobs <= 1:
+            return (result for one in named for result in _check_tasks([one]))
+        size = max(1, len(named) // (self._jobs * 4))
         batches = [named[i : i + size] for i in range(0, len(named), size)]
-        # fork: the workers inherit the context (sets of every object id) without pickling.
+        # fork: the workers inherit the context without pickling; they start now.
         fork = multiprocessing.get_context("fork")
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=fork) as pool:
-            for results in pool.map(_check_tasks, batches):
-                yield from results
-    finally:
-        _CONTEXT.pop()
+        self._pool = ProcessPoolExecutor(max_workers=self._jobs, mp_context=fork)
+        futures = [self._pool.submit(_check_tasks, batch) for batch in batches]
+        return (result for future in futures for result in future.result())
+
+    def objects(self, root: str, items: list[tuple[str, str]]) -> Iterator[ObjectReport]:
+        if self._pool is None or len(items) < PARALLEL_OBJECTS:
+            return iter(_check_batch(root, items))
+        batches = [items[i : i + BATCH] for i in range(0, len(items), BATCH)]
+        chunks = self._pool.map(_check_batch, [root] * len(batches), batches)
+        return (report for chunk in chunks for report in chunk)
+
+
+PARALLEL_OBJECTS = 200  # objects left to check directly; fewer are checked in this process
 
 
 def _explained(findings: Iterable[Finding], inventory: Inventory) -> Iterator[Finding]:
@@ -271,7 +374,7 @@ def _explained(findings: Iterable[Finding], inventory: Inventory) -> Iterator[Fi
             yield finding
 
 
-def _wrong_name_or_rot(report: ObjectReport, present: dict[str, str]) -> Iterator[Finding]:
+def _wrong_name_or_rot(report: ObjectReport, present: dict[str, int]) -> Iterator[Finding]:
     """A valid object under a wrong name is only that if the object it really is exists;
     otherwise its bytes changed and still happen to decode: a hash mismatch (bit rot)."""
     for finding in report.findings:
@@ -282,46 +385,13 @@ def _wrong_name_or_rot(report: ObjectReport, present: dict[str, str]) -> Iterato
             yield finding
 
 
-def _reports(
-    root: str,
-    objects: dict[str, str],
-    *,
-    task: str | None,
-    store: Store,
-    jobs: int,
-    progress: Progress | None,
-    tally: Summary,
-) -> dict[str, ObjectReport]:
-    if task is not None:
-        wanted = _task_objects(store, task)
-        objects = {i: p for i, p in objects.items() if i in wanted}
-    items = sorted((relpath, object_id) for object_id, relpath in objects.items())
-    tally.objects = len(items)
-    return {r.object_id: r for r in _run_objects(root, items, jobs, progress)}
-
-
-def _task_objects(store: Store, task: str) -> set[str]:
-    """The objects one task's slots name (read without verifying: fsck reports damage)."""
-    slots_dir = store.layout.chain_dir(task)
-    if not os.path.isdir(slots_dir):
-        raise UsageError(f"no task {task!r} in {store.root}; see `castore status`")
-    wanted: set[str] = set()
-    for name in os.listdir(slots_dir):
-        try:
-            data = read_regular(os.path.join(slots_dir, name))
-            entry = codec.decode_value(codec.unframe(data)[1])
-        except (CastoreError, OSError, ValueError):
-            continue
-        wanted.add(hash_bytes(data))
-        wanted.update(named_ids(entry))
-    return wanted
-
-
-def _tasks(root: str, only: str | None) -> Iterator[tuple[str, str | None]]:
+def _tasks(store: Store, only: str | None) -> Iterator[tuple[str, str | None]]:
     if only is not None:
+        if not os.path.isdir(store.layout.chain_dir(only)):
+            raise UsageError(f"no task {only!r} in {store.root}; see `castore status`")
         yield encode_task_id(only), only
         return
-    tasks_dir = os.path.join(root, TASKS_DIR)
+    tasks_dir = os.path.join(store.root, TASKS_DIR)
     if not os.path.isdir(tasks_dir) or os.path.islink(tasks_dir):
         return
     for name in sorted(os.listdir(tasks_dir)):
@@ -329,27 +399,3 @@ def _tasks(root: str, only: str | None) -> Iterator[tuple[str, str | None]]:
             yield name, decode_task_id(name)
         except UsageError:
             yield name, None
-
-
-class _PlanCache:
-    """Plan shapes by id, decoded once; None for a plan that is missing or damaged."""
-
-    def __init__(self, objects: ObjectStore, intact: set[str]) -> None:
-        self._objects, self._intact = objects, intact
-        self._plans: dict[str, PlanShape | None] = {}
-
-    def get(self, plan_id: str) -> PlanShape | None:
-        try:
-            return self._plans[plan_id]
-        except KeyError:
-            shape = self._plans[plan_id] = self._load(plan_id)
-            return shape
-
-    def _load(self, plan_id: str) -> PlanShape | None:
-        if plan_id not in self._intact:
-            return None
-        try:
-            body = self._objects.get(plan_id, "plan")
-            return PlanShape.of(codec.from_builtins(codec.decode_value(body), Plan))
-        except Exception:  # noqa: BLE001 - its own object finding already says what is wrong
-            return None

@@ -15,6 +15,7 @@ from castore.errors import CastoreError, FormatVersionError, UnsafeFileError
 from castore.fastdecode import decode_canonical, decode_canonical_value
 from castore.fsck.findings import Finding
 from castore.fsio import read_regular_with_stat
+from castore.layout import is_object_name, object_relpath
 from castore.plans import validate_plan
 from castore.records import Plan, Snapshot
 
@@ -31,17 +32,13 @@ class ObjectReport:
     findings: tuple[Finding, ...] = ()
     refs: tuple[str, ...] = ()
     actual: str | None = None  # for object-wrong-name: the id the bytes really have
+    missing: bool = False  # no file of that name (it vanished, or was never there)
     # The decoded record, for a caller that needs it (the task pass).
     record: Any = attrs.field(default=None, eq=False, repr=False)
 
     @property
     def damaged(self) -> bool:
         return self.kind is None
-
-
-def read_twice(path: str) -> bytes:
-    """Read a file, once more on a transient error (NFS, a busy disk) before giving up."""
-    return read_with_stat(path)[0]
 
 
 def read_with_stat(path: str) -> tuple[bytes, os.stat_result]:
@@ -73,7 +70,8 @@ def check_object(root: str, relpath: str, object_id: str) -> ObjectReport:
     try:
         data, info = read_with_stat(path)
     except FileNotFoundError:
-        return report("read-error", "the file vanished while fsck ran")
+        vanished = report("read-error", "the file vanished while fsck ran")
+        return attrs.evolve(vanished, missing=True)
     except UnsafeFileError as exc:
         return report("unsafe-file", f"a {exc.found} where an object belongs")
     except OSError as exc:
@@ -81,6 +79,14 @@ def check_object(root: str, relpath: str, object_id: str) -> ObjectReport:
             "read-error", f"{errno.errorcode.get(exc.errno or 0, exc.errno)}: {exc.strerror}"
         )
     return check_data(relpath, object_id, data, info, found)
+
+
+def check_named(root: str, object_id: str) -> ObjectReport | None:
+    """Check the object a record names, by id; None if there is no such object file."""
+    if not is_object_name(object_id):
+        return None  # a damaged record's "id": never a path to follow
+    report = check_object(root, object_relpath(object_id), object_id)
+    return None if report.missing else report
 
 
 def check_data(
@@ -208,8 +214,3 @@ def _refs_and_rules(record: object) -> tuple[str, ...]:
         named = (record.plan, record.parent, record.transition.result_ref)
         return tuple(ref for ref in named if ref is not None)
     return ()
-
-
-def check_batch(root: str, batch: list[tuple[str, str]]) -> list[ObjectReport]:
-    """Check many objects (a unit of work for a worker process)."""
-    return [check_object(root, relpath, object_id) for relpath, object_id in batch]

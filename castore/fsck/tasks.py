@@ -6,7 +6,6 @@ import errno
 import fcntl
 import os
 import stat
-from collections.abc import Callable
 
 import attrs
 
@@ -16,10 +15,18 @@ from castore.effects import ALLOWED
 from castore.errors import CastoreError
 from castore.fastdecode import decode_canonical
 from castore.fsck.findings import Finding
-from castore.fsck.objects import check_data, read_with_stat
+from castore.fsck.objects import ObjectReport, check_data, check_named, read_with_stat
 from castore.fsck.tree import temp_finding
-from castore.fsio import file_kind
-from castore.layout import CHAIN_DIR, LOCK_NAME, TASKS_DIR, parse_slot_name, parse_temp_name
+from castore.fsio import file_kind, read_regular_with_stat
+from castore.layout import (
+    CHAIN_DIR,
+    LOCK_NAME,
+    TASKS_DIR,
+    object_relpath,
+    parse_slot_name,
+    parse_temp_name,
+    slot_name,
+)
 from castore.records import EffectState, Plan, Snapshot, TransitionKind
 
 
@@ -35,11 +42,53 @@ class PlanShape:
         return cls(tuple(s.id for s in plan.steps), frozenset(s.id for s in plan.steps if s.effect))
 
 
-PlanReader = Callable[[str], PlanShape | None]  # a plan by id, or None if missing or damaged
+@attrs.frozen
+class SlotCheck:
+    """A chain slot judged as the snapshot object it should be. Whether it *is* that object
+    (the same inode as objects/xx/<id>) only the caller can tell, from the store's listing."""
+
+    seq: int
+    snapshot_id: str
+    inode: int
+    findings: tuple[Finding, ...]  # the object's own findings, at its objects/ path
+    damaged: bool
+
+
+_FILE_TYPE_AND_WRITE_BITS = stat.S_IFMT(0o177777) | 0o222
+
+
+class NamedObjects:
+    """The objects snapshots name (plans, result blobs), each checked once per unit of work:
+    a reference is judged by the object itself, read where its id says it is."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.reports: dict[str, ObjectReport | None] = {}  # None: no such object file
+        self._shapes: dict[str, PlanShape | None] = {}
+
+    def report(self, object_id: str) -> ObjectReport | None:
+        try:
+            return self.reports[object_id]
+        except KeyError:
+            report = self.reports[object_id] = check_named(self.root, object_id)
+            return report
+
+    def plan_shape(self, plan_id: str) -> PlanShape | None:
+        """The shape of an intact plan; None if it is missing, damaged or not a plan."""
+        try:
+            return self._shapes[plan_id]
+        except KeyError:
+            report = self.report(plan_id)
+            record = report.record if report is not None else None
+            shape = self._shapes[plan_id] = (
+                PlanShape.of(record) if isinstance(record, Plan) else None
+            )
+            return shape
 
 
 class TaskCheck:
-    """Checks one task directory; collects the object ids its chain refers to.
+    """Checks one task directory: its slots (each also as the snapshot object it should be),
+    chain links, references, frontier and effect history.
 
     Findings are appended to one list rather than yielded through nested generators: the
     per-slot path runs for every snapshot of the store and is fsck's hot loop.
@@ -51,24 +100,19 @@ class TaskCheck:
         *,
         name: str,
         task_id: str,
-        read_plan: PlanReader,
-        known: set[str],
-        present: set[str],
-        kinds: dict[str, str],
-        deferred: dict[str, tuple[str, int]],
+        named: NamedObjects,
         now_ms: int,
         stuck_after_ms: int,
     ) -> None:
         self.root, self.task_id = root, task_id
         self.rel = f"{TASKS_DIR}/{name}"
-        self.read_plan, self.known, self.present = read_plan, known, present
-        self.kinds = kinds
-        self.deferred = deferred
-        self.checked: set[str] = set()  # deferred snapshot objects checked through a slot
+        self.named = named
         self.now_ms, self.stuck_after_ms = now_ms, stuck_after_ms
-        self.refs: set[str] = set()
+        self.refs: set[str] = set()  # every id the chain names or is made of
         self.unreadable = False  # a slot that could not be read or decoded
         self.found: list[Finding] = []
+        self.slots: list[SlotCheck] = []  # slots with something to report, or in doubt
+        self.clean: list[tuple[int, str, int]] = []  # (seq, snapshot id, inode) of the others
 
     def add(self, code: str, relpath: str, message: str, object_id: str | None = None) -> None:
         self.found.append(Finding(code, relpath, message, object_id, self.task_id))
@@ -126,23 +170,87 @@ class TaskCheck:
 
     def _walk(self, chain_dir: str, head: int, present: set[int]) -> None:
         previous: tuple[str, Snapshot] | None = None
+        prefix = f"{chain_dir}/"
         for seq in range(head + 1):
             if seq not in present:
                 previous = None
                 continue
-            name = f"{seq:016d}"
-            relpath = f"{self.rel}/{CHAIN_DIR}/{name}"
-            loaded = self._load_slot(f"{chain_dir}/{name}", relpath)
-            if loaded is None:
-                previous = None
-                continue
-            snapshot_id, snapshot = loaded
-            self._check_entry(relpath, seq, snapshot_id, snapshot, previous)
+            path = f"{prefix}{seq:016d}"
+            loaded = self._clean_slot(path, seq, previous)
+            if loaded is None:  # something to report: the full check says what
+                relpath = self._slot_relpath(seq)
+                loaded = self._load_slot(path, seq, relpath)
+                if loaded is None:
+                    previous = None
+                    continue
+                self._check_entry(relpath, seq, loaded[0], loaded[1], previous)
             previous = loaded
             if seq == head:
-                self._check_head(relpath, snapshot_id, snapshot)
+                self._check_head(self._slot_relpath(seq), loaded[0], loaded[1])
 
-    def _load_slot(self, path: str, relpath: str) -> tuple[str, Snapshot] | None:
+    def _slot_relpath(self, seq: int) -> str:
+        return f"{self.rel}/{CHAIN_DIR}/{slot_name(seq)}"
+
+    def _clean_slot(
+        self, path: str, seq: int, previous: tuple[str, Snapshot] | None
+    ) -> tuple[str, Snapshot] | None:
+        """The slot's (id, snapshot) if every check of `_load_slot` and `_check_entry` passes
+        on it, else None: fsck's hot path, for the slots with nothing to report. It decides
+        nothing the full check would not; on any doubt the full check runs from scratch."""
+        if previous is None and seq != 0:
+            return None
+        read = _read_clean_snapshot(path)
+        if read is None:
+            return None
+        snapshot_id, inode, snapshot = read
+        if not self._links_clean(seq, snapshot, previous):
+            return None
+        transition = snapshot.transition
+        if transition.result_ref is not None:
+            blob = self.named.report(transition.result_ref)
+            if blob is None or blob.kind != "blob":
+                return None
+            self.refs.add(transition.result_ref)
+        self.refs.update((snapshot_id, snapshot.plan))
+        if snapshot.parent is not None:
+            self.refs.add(snapshot.parent)
+        self.clean.append((seq, snapshot_id, inode))
+        return snapshot_id, snapshot
+
+    def _links_clean(
+        self, seq: int, snapshot: Snapshot, previous: tuple[str, Snapshot] | None
+    ) -> bool:
+        """`_check_entry` would find nothing to say of `snapshot` at `seq`."""
+        if (
+            snapshot.seq != seq
+            or snapshot.task != self.task_id
+            or (snapshot.transition.kind is TransitionKind.START) != (seq == 0)
+        ):
+            return False
+        if previous is None:
+            if snapshot.parent is not None:
+                return False
+        elif (
+            snapshot.parent != previous[0]
+            or snapshot.plan != previous[1].plan
+            or effect_changes(previous[1], snapshot)
+        ):
+            return False
+        plan = self.named.plan_shape(snapshot.plan)
+        return plan is not None and self._fits(snapshot, plan)
+
+    @staticmethod
+    def _fits(snapshot: Snapshot, plan: PlanShape) -> bool:
+        """The frontier and open effects of `snapshot` fit its plan (see _check_frontier)."""
+        index, steps = snapshot.frontier.index, plan.steps
+        expected = steps[index] if 0 <= index < len(steps) else None
+        return (
+            0 <= index <= len(steps)
+            and snapshot.frontier.step == expected
+            and all(record.step in plan.effects for record in snapshot.effects)
+        )
+
+    def _load_slot(self, path: str, seq: int, relpath: str) -> tuple[str, Snapshot] | None:
         try:
             data, info = read_with_stat(path)
         except CastoreError as exc:
@@ -155,26 +263,12 @@ class TaskCheck:
             return None
         snapshot_id = hash_bytes(data)
         self.refs.add(snapshot_id)
-        # A deferred object is judged where its own slot (same inode) is read; a copy of its
-        # bytes elsewhere has the same hash, so it counts as intact here.
-        deferred = self.deferred.get(snapshot_id)
-        intact = deferred is not None or snapshot_id in self.known
-        parsed: Snapshot | None = None
-        if deferred is not None and info.st_ino == deferred[1]:
-            self.checked.add(snapshot_id)
-            report = check_data(deferred[0], snapshot_id, data, info, hashed=snapshot_id)
-            self.found.extend(report.findings)
-            intact = not report.damaged
-            if isinstance(report.record, Snapshot):
-                parsed = report.record  # decoded once, used twice
-        if not intact and snapshot_id in self.present:
-            message = "the snapshot object of this slot is damaged (see its own finding)"
-            self.add("missing-object", relpath, message, snapshot_id)
-        if deferred is None and snapshot_id not in self.present:
-            message = "no object of these bytes in objects/"
-            self.add("slot-not-published", relpath, message, snapshot_id)
-        if parsed is not None:
-            return snapshot_id, parsed
+        report = check_data(
+            object_relpath(snapshot_id), snapshot_id, data, info, hashed=snapshot_id
+        )
+        self.slots.append(SlotCheck(seq, snapshot_id, info.st_ino, report.findings, report.damaged))
+        if isinstance(report.record, Snapshot):
+            return snapshot_id, report.record  # decoded once, used twice
         try:
             return snapshot_id, _decode_snapshot(data, relpath)
         except Exception as exc:  # noqa: BLE001 - every decoding failure is the same finding
@@ -230,15 +324,16 @@ class TaskCheck:
     def _check_ref(self, relpath: str, snapshot_id: str, ref: str, kind: str) -> None:
         """A plan or result blob a snapshot names exists, is intact and is of that kind."""
         self.refs.add(ref)
-        if ref not in self.known:
+        report = self.named.report(ref)
+        if report is None or report.damaged:
             message = f"names {ref}, which is missing or damaged"
             self.add("missing-object", relpath, message, snapshot_id)
-        elif self.kinds.get(ref) != kind:
-            message = f"names {ref} as a {kind}; it is a {self.kinds.get(ref)}"
+        elif report.kind != kind:
+            message = f"names {ref} as a {kind}; it is a {report.kind}"
             self.add("missing-object", relpath, message, snapshot_id)
 
     def _check_frontier(self, relpath: str, snapshot_id: str, snapshot: Snapshot) -> None:
-        plan = self.read_plan(snapshot.plan)
+        plan = self.named.plan_shape(snapshot.plan)
         if plan is None:
             return
         index, step = snapshot.frontier.index, snapshot.frontier.step
@@ -263,6 +358,20 @@ class TaskCheck:
             elif record.state is EffectState.SUBMITTED and age_ms > self.stuck_after_ms:
                 message = f"effect {record.step!r} SUBMITTED {age_ms / 3_600_000:.1f} h ago"
                 self.add("effect-stuck", relpath, message, snapshot_id)
+
+
+def _read_clean_snapshot(path: str) -> tuple[str, int, Snapshot] | None:
+    """(id, inode, snapshot) of a slot that `check_data` would find intact and canonical,
+    read-only, without extra links; else None."""
+    try:
+        data, info = read_regular_with_stat(path)  # an I/O error: the full check reads again
+        kind, body = codec.unframe(data)
+    except (CastoreError, OSError, ValueError):
+        return None
+    if info.st_mode & _FILE_TYPE_AND_WRITE_BITS != stat.S_IFREG or info.st_nlink > 2:
+        return None  # not a regular file, writable, or an extra hard link
+    snapshot = decode_canonical(body, Snapshot) if kind == "snapshot" else None
+    return None if snapshot is None else (hash_bytes(data), info.st_ino, snapshot)
 
 
 def _decode_snapshot(data: bytes, where: str) -> Snapshot:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import stat
@@ -14,13 +13,11 @@ import attrs
 from castore.fsck.findings import Finding
 from castore.fsio import file_kind
 from castore.layout import (
-    CHAIN_DIR,
     MARKER_NAME,
     OBJECTS_DIR,
     QUARANTINE_DIR,
     TASKS_DIR,
     is_object_name,
-    parse_slot_name,
     parse_temp_name,
 )
 
@@ -32,8 +29,9 @@ _TOP_LEVEL = {MARKER_NAME, OBJECTS_DIR, TASKS_DIR, QUARANTINE_DIR}
 class Inventory:
     """The object files found, by id, and the findings the walk itself made."""
 
-    objects: dict[str, str] = attrs.field(factory=dict)  # object id -> relative path
-    inodes: dict[str, int] = attrs.field(factory=dict)  # object id -> inode number
+    # object id -> inode number, of each file named by an object id in its own fan-out
+    # directory (its path is layout.object_relpath(id))
+    inodes: dict[str, int] = attrs.field(factory=dict)
     temp_inodes: set[int] = attrs.field(factory=set)  # leftover temp files in fan-out dirs
     findings: list[Finding] = attrs.field(factory=list)
 
@@ -64,17 +62,6 @@ def walk_top(root: str) -> Iterator[Finding]:
             yield Finding("unsafe-file", entry.name, f"a {kind} where a directory belongs")
 
 
-def slot_inodes(root: str, task_dirs: list[str]) -> set[int]:
-    """Inode numbers of every chain slot (one directory read per task, no stat)."""
-    found: set[int] = set()
-    for name in task_dirs:
-        with contextlib.suppress(OSError):
-            for entry in os.scandir(os.path.join(root, TASKS_DIR, name, CHAIN_DIR)):
-                if parse_slot_name(entry.name) is not None:
-                    found.add(entry.inode())
-    return found
-
-
 def missing_directories(root: str) -> Iterator[Finding]:
     """objects/ and tasks/ must exist (as real directories: walk_top reports anything else)."""
     for name in (OBJECTS_DIR, TASKS_DIR):
@@ -103,19 +90,18 @@ def walk_objects(root: str) -> Inventory:
 def _walk_fanout(root: str, fanout: os.DirEntry[str], relfan: str, inventory: Inventory) -> None:
     """One fan-out directory: objects indexed (the common case, tested first), anything else
     a finding, in name order."""
-    objects, inodes = inventory.objects, inventory.inodes
+    inodes = inventory.inodes
     findings: list[Finding] = []
     for entry in os.scandir(fanout.path):
         name = entry.name
+        if len(name) == 64 and name.startswith(fanout.name) and is_object_name(name):
+            inodes[name] = entry.inode()  # from the directory read: free
+            continue
         relpath = f"{relfan}/{name}"
-        if len(name) == 64 and is_object_name(name):
-            if name.startswith(fanout.name):
-                objects[name] = relpath
-                inodes[name] = entry.inode()  # from the directory read: free
-            else:
-                # Never indexed: a copy here must not hide (or stand in for) the real one.
-                message = f"object {name} is not in objects/{name[:2]}/"
-                findings.append(Finding("misplaced-object", relpath, message, name))
+        if is_object_name(name):  # in the wrong fan-out directory
+            # Never indexed: a copy here must not hide (or stand in for) the real one.
+            message = f"object {name} is not in objects/{name[:2]}/"
+            findings.append(Finding("misplaced-object", relpath, message, name))
         elif parse_temp_name(name):
             findings.append(temp_finding(root, relpath))
             inventory.temp_inodes.add(entry.inode())
