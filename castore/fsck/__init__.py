@@ -177,12 +177,14 @@ class _ObjectChecks:
         """Take one task's slots and named objects; yield what its slots say of objects/."""
         inodes, name, task_id = self.inventory.inodes, result.name, result.task_id
         self.referenced |= result.refs
-        for seq, snapshot_id, slot_inode in result.clean_slots():
-            self.referenced.add(snapshot_id)
-            listed = inodes.get(snapshot_id)
-            if listed == slot_inode:  # the slot is the object, and the object is intact
-                self.clean.add(snapshot_id)
-            elif listed is None:
+        clean = result.clean_slots()  # snapshot id -> (seq, inode)
+        self.referenced.update(clean)
+        # The common case in one set operation: every clean slot is its object, listed.
+        same = {i for i, _ in {i: ino for i, (_, ino) in clean.items()}.items() & inodes.items()}
+        self.clean |= same
+        for snapshot_id in clean.keys() - same if len(same) < len(clean) else ():
+            seq = clean[snapshot_id][0]
+            if snapshot_id not in inodes:
                 yield _slot_finding(name, task_id, seq, snapshot_id, _UNPUBLISHED)
             else:  # a copy of the object's bytes: judged once the object itself is checked
                 self._copies.append((name, task_id, seq, snapshot_id))
@@ -272,12 +274,16 @@ class _TaskResult:
     named: dict[str, ObjectReport]  # the plans and blobs it named, checked (records dropped)
     unreadable: bool
 
-    def clean_slots(self) -> Iterator[tuple[int, str, int]]:
-        """(seq, snapshot id, inode) of each clean slot."""
+    def clean_slots(self) -> dict[str, tuple[int, int]]:
+        """snapshot id -> (seq, inode) of each clean slot."""
         ids = self.clean_ids.hex()
-        seqs, inodes = array("q", self.clean_seqs), array("Q", self.clean_inodes)
-        for index, (seq, inode) in enumerate(zip(seqs, inodes, strict=True)):
-            yield seq, ids[64 * index : 64 * index + 64], inode
+        return dict(
+            zip(
+                [ids[start : start + 64] for start in range(0, len(ids), 64)],
+                zip(array("q", self.clean_seqs), array("Q", self.clean_inodes), strict=True),
+                strict=True,
+            )
+        )
 
     @staticmethod
     def pack(clean: list[tuple[int, str, int]]) -> tuple[bytes, bytes, bytes]:
@@ -346,7 +352,7 @@ class _Workers:
         _CONTEXT.append(context)
         if self._jobs <= 1:
             return (result for one in named for result in _check_tasks([one]))
-        size = max(1, len(named) // (self._jobs * 4))
+        size = max(1, len(named) // (self._jobs * 16))  # small: workers finish together
         batches = [named[i : i + size] for i in range(0, len(named), size)]
         # fork: the workers inherit the context without pickling; they start now.
         fork = multiprocessing.get_context("fork")

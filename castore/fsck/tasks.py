@@ -191,7 +191,7 @@ class TaskCheck:
     def _slot_relpath(self, seq: int) -> str:
         return f"{self.rel}/{CHAIN_DIR}/{slot_name(seq)}"
 
-    def _clean_slot(
+    def _clean_slot(  # noqa: PLR0911 - one flat function: it runs for every snapshot
         self, path: str, seq: int, previous: tuple[str, Snapshot] | None
     ) -> tuple[str, Snapshot] | None:
         """The slot's (id, snapshot) if every check of `_load_slot` and `_check_entry` passes
@@ -199,56 +199,55 @@ class TaskCheck:
         nothing the full check would not; on any doubt the full check runs from scratch."""
         if previous is None and seq != 0:
             return None
-        read = _read_clean_snapshot(path)
-        if read is None:
+        try:
+            data, info = read_regular_with_stat(path)  # an I/O error: the full check retries
+            kind, body = codec.unframe(data)
+        except (CastoreError, OSError, ValueError):
             return None
-        snapshot_id, inode, snapshot = read
-        if not self._links_clean(seq, snapshot, previous):
+        # check_data's findings: a writable or extra-linked file; a damaged or foreign body.
+        if info.st_mode & _FILE_TYPE_AND_WRITE_BITS != stat.S_IFREG or info.st_nlink > 2:
             return None
-        transition = snapshot.transition
+        snapshot = decode_canonical(body, Snapshot) if kind == "snapshot" else None
+        if snapshot is None:
+            return None
+        # _check_entry's findings, and _check_frontier's.
+        transition, frontier = snapshot.transition, snapshot.frontier
+        if (
+            snapshot.seq != seq
+            or snapshot.task != self.task_id
+            or (transition.kind is TransitionKind.START) != (seq == 0)
+            or not (
+                snapshot.parent is None
+                if previous is None
+                else snapshot.parent == previous[0]
+                and snapshot.plan == previous[1].plan
+                and not effect_changes(previous[1], snapshot)
+            )
+        ):
+            return None
+        plan = self.named.plan_shape(snapshot.plan)
+        if (
+            plan is None
+            or (
+                not 0 <= frontier.index < len(plan.steps)
+                and not (frontier.index == len(plan.steps) and frontier.step is None)
+            )
+            or (frontier.index < len(plan.steps) and frontier.step != plan.steps[frontier.index])
+            or any(record.step not in plan.effects for record in snapshot.effects)
+        ):
+            return None
         if transition.result_ref is not None:
             blob = self.named.report(transition.result_ref)
             if blob is None or blob.kind != "blob":
                 return None
             self.refs.add(transition.result_ref)
-        self.refs.update((snapshot_id, snapshot.plan))
+        snapshot_id = hash_bytes(data)
+        self.refs.add(snapshot_id)
+        self.refs.add(snapshot.plan)
         if snapshot.parent is not None:
             self.refs.add(snapshot.parent)
-        self.clean.append((seq, snapshot_id, inode))
+        self.clean.append((seq, snapshot_id, info.st_ino))
         return snapshot_id, snapshot
-
-    def _links_clean(
-        self, seq: int, snapshot: Snapshot, previous: tuple[str, Snapshot] | None
-    ) -> bool:
-        """`_check_entry` would find nothing to say of `snapshot` at `seq`."""
-        if (
-            snapshot.seq != seq
-            or snapshot.task != self.task_id
-            or (snapshot.transition.kind is TransitionKind.START) != (seq == 0)
-        ):
-            return False
-        if previous is None:
-            if snapshot.parent is not None:
-                return False
-        elif (
-            snapshot.parent != previous[0]
-            or snapshot.plan != previous[1].plan
-            or effect_changes(previous[1], snapshot)
-        ):
-            return False
-        plan = self.named.plan_shape(snapshot.plan)
-        return plan is not None and self._fits(snapshot, plan)
-
-    @staticmethod
-    def _fits(snapshot: Snapshot, plan: PlanShape) -> bool:
-        """The frontier and open effects of `snapshot` fit its plan (see _check_frontier)."""
-        index, steps = snapshot.frontier.index, plan.steps
-        expected = steps[index] if 0 <= index < len(steps) else None
-        return (
-            0 <= index <= len(steps)
-            and snapshot.frontier.step == expected
-            and all(record.step in plan.effects for record in snapshot.effects)
-        )
 
     def _load_slot(self, path: str, seq: int, relpath: str) -> tuple[str, Snapshot] | None:
         try:
@@ -358,20 +357,6 @@ class TaskCheck:
             elif record.state is EffectState.SUBMITTED and age_ms > self.stuck_after_ms:
                 message = f"effect {record.step!r} SUBMITTED {age_ms / 3_600_000:.1f} h ago"
                 self.add("effect-stuck", relpath, message, snapshot_id)
-
-
-def _read_clean_snapshot(path: str) -> tuple[str, int, Snapshot] | None:
-    """(id, inode, snapshot) of a slot that `check_data` would find intact and canonical,
-    read-only, without extra links; else None."""
-    try:
-        data, info = read_regular_with_stat(path)  # an I/O error: the full check reads again
-        kind, body = codec.unframe(data)
-    except (CastoreError, OSError, ValueError):
-        return None
-    if info.st_mode & _FILE_TYPE_AND_WRITE_BITS != stat.S_IFREG or info.st_nlink > 2:
-        return None  # not a regular file, writable, or an extra hard link
-    snapshot = decode_canonical(body, Snapshot) if kind == "snapshot" else None
-    return None if snapshot is None else (hash_bytes(data), info.st_ino, snapshot)
 
 
 def _decode_snapshot(data: bytes, where: str) -> Snapshot:

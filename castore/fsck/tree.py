@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import stat
@@ -87,12 +88,24 @@ def walk_objects(root: str) -> Inventory:
     return inventory
 
 
+@functools.cache
+def _object_names(fanout: str) -> re.Pattern[str]:
+    """Lines of object ids that belong in fan-out directory `fanout` (two hex digits)."""
+    return re.compile(f"(?:{fanout}[0-9a-f]{{62}}\n)*")
+
+
 def _walk_fanout(root: str, fanout: os.DirEntry[str], relfan: str, inventory: Inventory) -> None:
     """One fan-out directory: objects indexed (the common case, tested first), anything else
     a finding, in name order."""
+    entries = list(os.scandir(fanout.path))
+    names = [entry.name for entry in entries]
+    # The common case in one regex call: every name is an object id of this directory.
+    if _object_names(fanout.name).fullmatch("\n".join(names) + "\n" if names else ""):
+        inventory.inodes.update(zip(names, [entry.inode() for entry in entries], strict=True))
+        return
     inodes = inventory.inodes
     findings: list[Finding] = []
-    for entry in os.scandir(fanout.path):
+    for entry in entries:
         name = entry.name
         if len(name) == 64 and name.startswith(fanout.name) and is_object_name(name):
             inodes[name] = entry.inode()  # from the directory read: free
