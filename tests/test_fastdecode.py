@@ -40,7 +40,7 @@ VALUES = st.recursive(
 
 def strict_record(body: bytes, cls: type[Any] | None) -> Any:
     """What the strict path makes of `body`; raises if it refuses it."""
-    value = codec.decode_value(body)
+    value = codec.decode_value_strict(body)
     if codec.encode_value(value) != body:
         raise ValueError("not canonical")
     return value if cls is None else codec.from_builtins(value, cls)
@@ -152,6 +152,15 @@ def test_mutated_snapshot_bodies_are_never_wrongly_accepted(data: st.DataObject)
 )
 def test_bodies_the_fast_path_must_leave_to_the_strict_path(body: bytes, why: str) -> None:
     assert decode_canonical_value(body) is None, why
+
+
+@given(VALUES)
+def test_decode_value_with_its_fast_path_gives_what_the_strict_decoder_gives(value: Any) -> None:
+    try:
+        body = codec.encode_value(value)
+    except EncodingError:
+        return
+    assert typed(codec.decode_value_strict(body)) == typed(codec.decode_value(body))
 
 
 def test_snapshot_bodies_the_fast_path_must_leave_to_the_strict_path() -> None:
