@@ -1426,6 +1426,22 @@ def test_fsck_of_a_non_store_exits_2(
     assert before == tree_snapshot(tmp_path)
 
 
+@pytest.mark.parametrize("jobs", [1, 3])
+def test_progress_counts_up_to_every_object_checked(
+    world: World, monkeypatch: pytest.MonkeyPatch, jobs: int
+) -> None:
+    """progress(done, total) never goes back, stays below total until its last call, and
+    that call says every object was checked."""
+    monkeypatch.setattr(castore.fsck, "PARALLEL_TASKS", 1)
+    calls: list[tuple[int, int]] = []
+    summary = Summary()
+    list(check_store(world.root, jobs=jobs, summary=summary, progress=lambda *c: calls.append(c)))
+    assert calls[-1] == (summary.objects, summary.objects)
+    assert summary.objects == sum(1 for _ in Path(world.root, "objects").glob("*/*"))
+    assert all(done < total for done, total in calls[:-1])
+    assert [done for done, _ in calls] == sorted(done for done, _ in calls)
+
+
 def test_transient_read_error_is_read_again(
     world: World, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

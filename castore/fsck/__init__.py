@@ -89,7 +89,8 @@ def check_store(
     """Yield every finding in the store at `path` (or in one task and what it names).
 
     Raises StoreNotFoundError / FormatVersionError only when the path is not a store it can
-    read at all; damage is always a finding.
+    read at all; damage is always a finding. `progress(done, total)` is called as objects are
+    checked, with done < total, and once at the end with done == total.
     """
     started = time.monotonic()
     store = Store.open(path)  # refuses a non-store before anything else is read
@@ -135,18 +136,22 @@ def _check(
             yield from walk_top(root)
             yield from missing_directories(root)
             yield from inventory.findings
-        checks = _ObjectChecks(inventory, progress)
+        checks = _ObjectChecks(inventory)
         unreadable = False
         chain_findings: list[Finding] = []  # reported after the objects they may point at
         for result in results:
             chain_findings.extend(_explained(result.findings, inventory))
             chain_findings.extend(checks.add_task(result))
             unreadable = unreadable or result.unreadable
+            if progress and checks.checked < len(inventory.inodes):
+                progress(checks.checked, len(inventory.inodes))
         # What no readable slot covered: objects no chain reaches, plans and blobs named only
         # in damaged chains, snapshot objects whose slot is a copy. With --task, only what
         # that task names.
         wanted = None if task is None else checks.referenced
         checks.add_reports(workers.objects(root, checks.unchecked(wanted)))
+        if progress:
+            progress(checks.checked, checks.checked)  # done: the last call, done == total
         tally.objects = checks.checked
         tally.tasks = len(named)
         for report in sorted(checks.reports.values(), key=lambda r: r.path):
@@ -165,9 +170,8 @@ class _ObjectChecks:
     """Every object's report, gathered from the task pass and then from direct checks, and
     the findings of slots that only the whole store's listing can make."""
 
-    def __init__(self, inventory: Inventory, progress: Progress | None) -> None:
+    def __init__(self, inventory: Inventory) -> None:
         self.inventory = inventory
-        self.progress = progress
         self.reports: dict[str, ObjectReport] = {}  # objects checked, with what they found
         self.clean: set[str] = set()  # snapshot objects checked through a clean slot
         self.referenced: set[str] = set()
@@ -210,9 +214,6 @@ class _ObjectChecks:
         for report in reports:
             if report.object_id in self.inventory.inodes:
                 self.reports.setdefault(report.object_id, report)
-        if self.progress:
-            total = len(self.inventory.inodes)
-            self.progress(min(self.checked, total), total)
 
     @property
     def checked(self) -> int:
