@@ -19,6 +19,7 @@ This is the only module that imports msgspec.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import msgspec
@@ -45,30 +46,44 @@ def _plain_float(text: str) -> float:
     return value
 
 
+# What msgspec (or the float hook) may raise for a body it cannot vouch for.
+_UNSURE = (msgspec.MsgspecError, _NotPlain, ValueError, TypeError, OverflowError)
 _ENCODER = msgspec.json.Encoder(order="sorted")
-_DECODERS: dict[object, msgspec.json.Decoder[Any]] = {}
+_DECODERS: dict[object, Callable[[bytes], Any]] = {}
 
 
-def _decoder(cls: object) -> msgspec.json.Decoder[Any]:
+def canonical_decoder(cls: type[T]) -> Callable[[bytes], T | None]:
+    """A function from a body to the record of type `cls` it encodes, if the body is its
+    canonical encoding, else None (the strict path in `codec` then decides). Made once per
+    type and kept: fsck calls it for every snapshot."""
     try:
         return _DECODERS[cls]
     except KeyError:
-        decoder = _DECODERS[cls] = msgspec.json.Decoder(cls, float_hook=_plain_float)
-        return decoder
+        pass
+    decoder = msgspec.json.Decoder(cls, float_hook=_plain_float)
+    encode = _ENCODER.encode
+
+    def decode(body: bytes) -> T | None:
+        if _LONG_DIGIT_RUN in body.translate(_DIGITS_AS_ZEROS):
+            return None
+        try:
+            record: T = decoder.decode(body)
+            again = encode(record)
+        except _UNSURE:
+            return None  # the strict path will say what is wrong, if anything is
+        return record if again == body else None
+
+    _DECODERS[cls] = decode
+    return decode
 
 
 def decode_canonical(body: bytes, cls: type[T]) -> T | None:
     """The record of type `cls` that `body` encodes, if `body` is its canonical encoding;
     None when this path cannot tell (the strict path in `codec` then decides)."""
-    # Written out, not shared with decode_canonical_value: fsck runs this for every snapshot.
-    if _LONG_DIGIT_RUN in body.translate(_DIGITS_AS_ZEROS):
-        return None
-    try:
-        record: T = _decoder(cls).decode(body)
-        again = _ENCODER.encode(record)
-    except _UNSURE:
-        return None  # the strict path will say what is wrong, if anything is
-    return record if again == body else None
+    return canonical_decoder(cls)(body)
+
+
+_ANY_DECODER: msgspec.json.Decoder[Any] = msgspec.json.Decoder(float_hook=_plain_float)
 
 
 def decode_canonical_value(body: bytes) -> tuple[Any] | None:
@@ -76,11 +91,8 @@ def decode_canonical_value(body: bytes) -> tuple[Any] | None:
     if _LONG_DIGIT_RUN in body.translate(_DIGITS_AS_ZEROS):
         return None
     try:
-        value = _decoder(Any).decode(body)
+        value = _ANY_DECODER.decode(body)
         again = _ENCODER.encode(value)
     except _UNSURE:
         return None
     return (value,) if again == body else None
-
-
-_UNSURE = (msgspec.MsgspecError, _NotPlain, ValueError, TypeError, OverflowError)

@@ -62,15 +62,37 @@ def read_regular_with_stat(path: str) -> tuple[bytes, os.stat_result]:
     stats is the size it reads (object files never change once published)."""
     fd, info = open_regular_with_stat(path)
     try:
-        data = os.read(fd, info.st_size + 1)
-        if len(data) != info.st_size:  # a short read, or the file changed: read to EOF
-            chunks = [data]
-            while chunk := os.read(fd, _CHUNK):
-                chunks.append(chunk)
-            data = b"".join(chunks)
-        return data, info
+        return _read_sized(fd, info), info
     finally:
         os.close(fd)
+
+
+def open_directory(path: str) -> int:
+    """A descriptor of the directory `path` (never through a symlink), to read names in it."""
+    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
+def read_in(dir_fd: int, name: str) -> tuple[bytes, os.stat_result]:
+    """Content and fstat of `name` in directory `dir_fd`, never following a symlink or
+    blocking on a FIFO, whatever the file is: the caller judges the mode. No path walk from
+    the root for each name: fsck reads every slot of a chain this way."""
+    fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
+    try:
+        info = os.fstat(fd)
+        return _read_sized(fd, info), info
+    finally:
+        os.close(fd)
+
+
+def _read_sized(fd: int, info: os.stat_result) -> bytes:
+    """All bytes of `fd`, in one read() when the size fstat gave is the size there is."""
+    data = os.read(fd, info.st_size + 1)  # one byte more: a file that grew shows it
+    if len(data) != info.st_size:  # a short read, or the file changed: read to EOF
+        chunks = [data]
+        while chunk := os.read(fd, _CHUNK):
+            chunks.append(chunk)
+        data = b"".join(chunks)
+    return data
 
 
 def read_regular(path: str) -> bytes:

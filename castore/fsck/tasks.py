@@ -13,11 +13,11 @@ from castore import codec
 from castore.digest import hash_bytes
 from castore.effects import ALLOWED
 from castore.errors import CastoreError
-from castore.fastdecode import decode_canonical
+from castore.fastdecode import canonical_decoder, decode_canonical
 from castore.fsck.findings import Finding
 from castore.fsck.objects import ObjectReport, check_data, check_named, read_with_stat
 from castore.fsck.tree import temp_finding
-from castore.fsio import file_kind, read_regular_with_stat
+from castore.fsio import file_kind, open_directory, read_in
 from castore.layout import (
     CHAIN_DIR,
     LOCK_NAME,
@@ -113,6 +113,8 @@ class TaskCheck:
         self.found: list[Finding] = []
         self.slots: list[SlotCheck] = []  # slots with something to report, or in doubt
         self.clean: list[tuple[int, str, int]] = []  # (seq, snapshot id, inode) of the others
+        self._plan_id: str | None = None  # the plan of the last clean slot, and its shape
+        self._plan: PlanShape | None = None
 
     def add(self, code: str, relpath: str, message: str, object_id: str | None = None) -> None:
         self.found.append(Finding(code, relpath, message, object_id, self.task_id))
@@ -170,84 +172,100 @@ class TaskCheck:
 
     def _walk(self, chain_dir: str, head: int, present: set[int]) -> None:
         previous: tuple[str, Snapshot] | None = None
-        prefix = f"{chain_dir}/"
-        for seq in range(head + 1):
-            if seq not in present:
-                previous = None
-                continue
-            path = f"{prefix}{seq:016d}"
-            loaded = self._clean_slot(path, seq, previous)
-            if loaded is None:  # something to report: the full check says what
-                relpath = self._slot_relpath(seq)
-                loaded = self._load_slot(path, seq, relpath)
-                if loaded is None:
+        try:
+            dir_fd = open_directory(chain_dir)
+        except OSError:
+            dir_fd = -1  # every slot then takes the full check, which reports why
+        try:
+            for seq in range(head + 1):
+                if seq not in present:
                     previous = None
                     continue
-                self._check_entry(relpath, seq, loaded[0], loaded[1], previous)
-            previous = loaded
-            if seq == head:
-                self._check_head(self._slot_relpath(seq), loaded[0], loaded[1])
+                name = slot_name(seq)
+                loaded = self._clean_slot(dir_fd, name, seq, previous) if dir_fd >= 0 else None
+                if loaded is None:  # something to report: the full check says what
+                    relpath = self._slot_relpath(seq)
+                    loaded = self._load_slot(f"{chain_dir}/{name}", seq, relpath)
+                    if loaded is None:
+                        previous = None
+                        continue
+                    self._check_entry(relpath, seq, loaded[0], loaded[1], previous)
+                previous = loaded
+                if seq == head:
+                    self._check_head(self._slot_relpath(seq), loaded[0], loaded[1])
+        finally:
+            if dir_fd >= 0:
+                os.close(dir_fd)
 
     def _slot_relpath(self, seq: int) -> str:
         return f"{self.rel}/{CHAIN_DIR}/{slot_name(seq)}"
 
-    def _clean_slot(  # noqa: PLR0911 - one flat function: it runs for every snapshot
-        self, path: str, seq: int, previous: tuple[str, Snapshot] | None
+    def _clean_slot(
+        self, dir_fd: int, name: str, seq: int, previous: tuple[str, Snapshot] | None
     ) -> tuple[str, Snapshot] | None:
         """The slot's (id, snapshot) if every check of `_load_slot` and `_check_entry` passes
-        on it, else None: fsck's hot path, for the slots with nothing to report. It decides
-        nothing the full check would not; on any doubt the full check runs from scratch."""
+        on it, else None: fsck's hot path, for the slots with nothing to report (so: few
+        calls, no findings). It decides nothing the full check would not; on any doubt the
+        full check runs from scratch."""
         if previous is None and seq != 0:
             return None
         try:
-            data, info = read_regular_with_stat(path)  # an I/O error: the full check retries
+            data, info = read_in(dir_fd, name)  # an I/O error: the full check retries
             kind, body = codec.unframe(data)
         except (CastoreError, OSError, ValueError):
             return None
-        # check_data's findings: a writable or extra-linked file; a damaged or foreign body.
+        # check_data's findings: not a regular file, writable, an extra hard link, or a body
+        # that is not a canonical snapshot.
         if info.st_mode & _FILE_TYPE_AND_WRITE_BITS != stat.S_IFREG or info.st_nlink > 2:
             return None
-        snapshot = decode_canonical(body, Snapshot) if kind == "snapshot" else None
-        if snapshot is None:
+        snapshot = _decode_clean_snapshot(body) if kind == "snapshot" else None
+        if snapshot is None or not self._fits_chain(seq, snapshot, previous):
             return None
-        # _check_entry's findings, and _check_frontier's.
-        transition, frontier = snapshot.transition, snapshot.frontier
+        result_ref = snapshot.transition.result_ref
+        if result_ref is not None:
+            blob = self.named.report(result_ref)
+            if blob is None or blob.kind != "blob":
+                return None
+            self.refs.add(result_ref)
+        snapshot_id = hash_bytes(data)
+        self.refs.add(snapshot_id)
+        self.refs.add(snapshot.plan)
+        if previous is not None:
+            self.refs.add(previous[0])  # the parent, as _check_entry records it
+        self.clean.append((seq, snapshot_id, info.st_ino))
+        return snapshot_id, snapshot
+
+    def _fits_chain(
+        self, seq: int, snapshot: Snapshot, previous: tuple[str, Snapshot] | None
+    ) -> bool:
+        """_check_entry and _check_frontier would find nothing to say of `snapshot`."""
+        transition = snapshot.transition
         if (
             snapshot.seq != seq
             or snapshot.task != self.task_id
             or (transition.kind is TransitionKind.START) != (seq == 0)
-            or not (
-                snapshot.parent is None
-                if previous is None
-                else snapshot.parent == previous[0]
-                and snapshot.plan == previous[1].plan
-                and not effect_changes(previous[1], snapshot)
-            )
         ):
-            return None
-        plan = self.named.plan_shape(snapshot.plan)
-        if (
-            plan is None
-            or (
-                not 0 <= frontier.index < len(plan.steps)
-                and not (frontier.index == len(plan.steps) and frontier.step is None)
-            )
-            or (frontier.index < len(plan.steps) and frontier.step != plan.steps[frontier.index])
-            or any(record.step not in plan.effects for record in snapshot.effects)
-        ):
-            return None
-        if transition.result_ref is not None:
-            blob = self.named.report(transition.result_ref)
-            if blob is None or blob.kind != "blob":
-                return None
-            self.refs.add(transition.result_ref)
-        snapshot_id = hash_bytes(data)
-        self.refs.add(snapshot_id)
-        self.refs.add(snapshot.plan)
-        if snapshot.parent is not None:
-            self.refs.add(snapshot.parent)
-        self.clean.append((seq, snapshot_id, info.st_ino))
-        return snapshot_id, snapshot
+            return False
+        if previous is None:
+            if snapshot.parent is not None:
+                return False
+        else:
+            parent = previous[1]
+            if snapshot.parent != previous[0] or snapshot.plan != parent.plan:
+                return False
+            if (
+                parent.effects or snapshot.effects or transition.kind in _MOVES_AN_EFFECT
+            ) and effect_changes(parent, snapshot):
+                return False
+        if snapshot.plan != self._plan_id:  # plans rarely change along a chain: keep the last
+            self._plan_id, self._plan = snapshot.plan, self.named.plan_shape(snapshot.plan)
+        plan, index = self._plan, snapshot.frontier.index
+        if plan is None or not 0 <= index <= len(plan.steps):
+            return False
+        expected = plan.steps[index] if index < len(plan.steps) else None
+        return snapshot.frontier.step == expected and all(
+            record.step in plan.effects for record in snapshot.effects
+        )
 
     def _load_slot(self, path: str, seq: int, relpath: str) -> tuple[str, Snapshot] | None:
         try:
@@ -357,6 +375,9 @@ class TaskCheck:
             elif record.state is EffectState.SUBMITTED and age_ms > self.stuck_after_ms:
                 message = f"effect {record.step!r} SUBMITTED {age_ms / 3_600_000:.1f} h ago"
                 self.add("effect-stuck", relpath, message, snapshot_id)
+
+
+_decode_clean_snapshot = canonical_decoder(Snapshot)
 
 
 def _decode_snapshot(data: bytes, where: str) -> Snapshot:
