@@ -1,4 +1,4 @@
-"""Filesystem-watch alerts on a store (the only importer of watchdog); not imported by `castore`.
+"""Filesystem-watch alerts on a store (castore.observer watches); not imported by `castore`.
 
 A `Watcher` follows a store's commits and calls `on_alert` once when a condition starts
 (`raised`) and once when it ends (`cleared`): an effect UNRESOLVED, SUBMITTED for too long,
@@ -17,31 +17,15 @@ import time
 from collections.abc import Callable, Iterable
 from types import TracebackType
 
-from watchdog.events import (
-    DirCreatedEvent,
-    DirDeletedEvent,
-    DirMovedEvent,
-    FileCreatedEvent,
-    FileDeletedEvent,
-    FileModifiedEvent,
-    FileMovedEvent,
-    FileSystemEvent,
-    FileSystemEventHandler,
-)
-from watchdog.observers import Observer
-from watchdog.observers.api import BaseObserver
-from watchdog.observers.polling import PollingObserver
-
 from castore.alerts import Alert, Condition, Ident, Reading, broken, gone, read_chain, span
 from castore.errors import (
     CastoreError,
     FormatVersionError,
     IntegrityError,
-    InvalidTaskIdError,
     TaskNotFoundError,
     UsageError,
 )
-from castore.layout import CHAIN_DIR, decode_task_id
+from castore.observer import TasksObserver
 from castore.store import Store
 from castore.verify import VerifiedChain
 
@@ -52,45 +36,6 @@ log = logging.getLogger(__name__)
 DEBOUNCE_S = 0.05  # a commit is several filesystem events: re-read once per burst
 TICK_S = 1.0  # how often the observer's health and due timers are checked
 MAX_RESTART_DELAY_S = 60.0
-# Opens and closes (the task lock) are not commits; asking for fewer events keeps the
-# inotify queue shorter, and an overflowing queue loses events.
-_HINT_EVENTS: list[type[FileSystemEvent]] = [
-    FileCreatedEvent,
-    FileDeletedEvent,
-    FileModifiedEvent,
-    FileMovedEvent,
-    DirCreatedEvent,
-    DirDeletedEvent,
-    DirMovedEvent,
-]
-
-
-class _Hints(FileSystemEventHandler):
-    """Turns filesystem events under tasks/ into 're-read this task' hints."""
-
-    def __init__(
-        self, tasks_dir: str, hint: Callable[[str], None], hint_all: Callable[[], None]
-    ) -> None:
-        self._tasks_dir = tasks_dir
-        self._hint = hint
-        self._hint_all = hint_all
-
-    def on_any_event(self, event: FileSystemEvent) -> None:
-        for raw in (event.src_path, event.dest_path):
-            if raw:
-                self._route(os.path.relpath(os.fsdecode(raw), self._tasks_dir))
-
-    def _route(self, relative: str) -> None:
-        if relative == os.curdir:
-            self._hint_all()  # tasks/ itself changed (replaced, removed): look at everything
-            return
-        parts = relative.split(os.sep)
-        if parts[0] == os.pardir or (len(parts) > 1 and parts[1] != CHAIN_DIR):
-            return  # outside tasks/, or the task's lock file: not a commit
-        try:
-            self._hint(decode_task_id(parts[0]))
-        except InvalidTaskIdError:
-            return  # not castore's: fsck reports it
 
 
 class Watcher:
@@ -141,11 +86,9 @@ class Watcher:
         self._stopping = threading.Event()
         self._delivering = threading.local()
         self._thread: threading.Thread | None = None
-        self._observer: BaseObserver | None = None
-        self._observer_since = 0.0
+        self._observer: TasksObserver | None = None
         self._restart_delay = TICK_S
         self._restart_at = 0.0
-        self._watched: tuple[int, int] | None = None  # (device, inode) of the tasks/ observed
 
     @property
     def root(self) -> str:
@@ -361,23 +304,13 @@ class Watcher:
         return max(wait, 0.01)
 
     # -- the observer ----------------------------------------------------------------------
-    def _start_observer(self) -> None:
-        watched = _identity(self._tasks_dir)
-        observer = Observer() if self._poll is None else PollingObserver(timeout=self._poll)
-        hints = _Hints(self._tasks_dir, self._hint, self._hint_all)
-        observer.schedule(hints, self._tasks_dir, recursive=True, event_filter=_HINT_EVENTS)
-        observer.start()
-        self._observer = observer
-        self._observer_since = time.monotonic()
-        self._watched = watched
-
     def _start_or_alert(self) -> bool:
         # Back off between attempts: an observer that dies as soon as it starts (its
         # directory is gone) must not be restarted, and alerted about, on every tick.
         self._restart_at = time.monotonic() + self._restart_delay
         self._restart_delay = min(self._restart_delay * 2, MAX_RESTART_DELAY_S)
         try:
-            self._start_observer()
+            self._observer = TasksObserver(self._tasks_dir, self._poll, self._hint, self._hint_all)
         except OSError as exc:
             log.warning("the observer of %s could not start (%s); retrying", self.root, exc)
             self._raise(self._observer_down(f"it could not start: {exc}"))
@@ -388,25 +321,6 @@ class Watcher:
         observer, self._observer = self._observer, None
         if observer is not None:
             observer.stop()
-            if observer.is_alive():
-                observer.join(timeout=5.0)
-
-    def _observer_problem(self) -> str | None:
-        observer = self._observer
-        if observer is None:
-            return "it is not running"
-        if not observer.is_alive():
-            return "its thread exited"
-        if not _emitters_alive(observer):
-            return "its event emitter stopped"
-        # inotify watches an inode: after tasks/ is replaced (restored, remounted) it goes
-        # on watching the old one, alive and silent.
-        try:
-            if _identity(self._tasks_dir) != self._watched:
-                return f"{self._tasks_dir} was replaced"
-        except OSError as exc:
-            return f"{self._tasks_dir} cannot be read: {exc.strerror or exc}"
-        return None
 
     def _observer_down(self, problem: str) -> Condition:
         message = (
@@ -420,15 +334,14 @@ class Watcher:
         with self._lock:
             if self._stopping.is_set():
                 return
-            problem = self._observer_problem()
+            observer = self._observer
+            problem = "it is not running" if observer is None else observer.problem()
             now = time.monotonic()
-            ident: Ident = (None, None, "observer")
             if problem is None:
-                if now - self._observer_since >= TICK_S:  # it outlived one tick: healthy
+                if observer is not None and now - observer.since >= TICK_S:  # outlived a tick
                     self._restart_delay = TICK_S
-                    self._clear(
-                        ident, f"the observer ({self.mode}) of {self._tasks_dir} runs again"
-                    )
+                    message = f"the observer ({self.mode}) of {self._tasks_dir} runs again"
+                    self._clear((None, None, "observer"), message)
                 return
             self._raise(self._observer_down(problem))
             if now < self._restart_at:
@@ -436,19 +349,6 @@ class Watcher:
             self._discard_observer()
             if self._start_or_alert():
                 self._scan(interruptible=True)  # what changed while nobody listened
-
-
-def _emitters_alive(observer: BaseObserver) -> bool:
-    try:
-        emitters = tuple(observer.emitters)
-    except RuntimeError:  # the set changed while copied: judge on the next tick
-        return True
-    return bool(emitters) and all(emitter.is_alive() for emitter in emitters)
-
-
-def _identity(path: str) -> tuple[int, int]:
-    info = os.stat(path)
-    return (info.st_dev, info.st_ino)
 
 
 def _order(ident: Ident) -> tuple[str, str, str]:

@@ -248,8 +248,9 @@ def test_a_dead_observer_is_restarted_with_an_alert(
     alerts = Alerts()
     watcher = watchers(store, alerts, poll=0.2 if what == "emitter" else None)
     watcher.start()
-    observer = watcher._observer  # private on purpose: the test kills the watcher's thread
-    assert observer is not None
+    watching = watcher._observer  # private on purpose: the test kills the watcher's thread
+    assert watching is not None
+    observer = watching.observer
     if what == "observer":
         observer.stop()
     elif what == "emitter":
@@ -263,7 +264,7 @@ def test_a_dead_observer_is_restarted_with_an_alert(
     make_unresolved(store, "order-5")
     alerts.wait("unresolved", task="order-5")
     alerts.wait("observer", "cleared")
-    assert watcher._observer is not observer
+    assert watcher._observer is not watching
 
 
 def test_a_failing_callback_is_logged_and_watching_goes_on(
@@ -286,7 +287,8 @@ def test_a_failing_callback_is_logged_and_watching_goes_on(
 
 
 def test_import_castore_does_not_import_watchdog() -> None:
-    """Only castore.watch imports watchdog; the library and the CLI parser do not."""
+    """Only castore.observer (for castore.watch) imports watchdog; the library and the CLI
+    parser do not."""
     code = (
         "import sys, castore, castore.cli; castore.cli.build_parser(); "
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'watchdog'))"
