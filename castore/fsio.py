@@ -73,12 +73,14 @@ def open_directory(path: str) -> int:
 
 
 def read_in(dir_fd: int, name: str) -> tuple[bytes, os.stat_result]:
-    """Content and fstat of `name` in directory `dir_fd`, never following a symlink or
-    blocking on a FIFO, whatever the file is: the caller judges the mode. No path walk from
-    the root for each name: fsck reads every slot of a chain this way."""
+    """Content and fstat of the regular file `name` in directory `dir_fd`, never following a
+    symlink or blocking on a FIFO (UnsafeFileError for anything else). No path walk from the
+    root for each name: fsck reads every slot of a chain this way."""
     fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
     try:
         info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):  # a device may never end, a FIFO never start
+            raise UnsafeFileError(name, file_kind(info.st_mode))
         return _read_sized(fd, info), info
     finally:
         os.close(fd)

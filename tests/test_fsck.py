@@ -228,11 +228,31 @@ def fsck_json(
 
 
 def fsck(root: str, **options: Any) -> list[Finding]:
-    """Every finding of check_store, checked to have changed nothing in the store."""
+    """Every finding of check_store, checked to have changed nothing in the store, and to be
+    what a pool of worker processes finds too, in the same order."""
     before = tree_snapshot(root)
     findings = within_deadline(lambda: list(check_store(root, jobs=1, **options)))
     assert before == tree_snapshot(root), "fsck changed the store"
+    with forced_pool():
+        pooled = within_deadline(lambda: list(check_store(root, jobs=2, **options)))
+    assert [row(f) for f in findings] == [row(f) for f in pooled]
     return findings
+
+
+@contextlib.contextmanager
+def forced_pool() -> Iterator[None]:
+    """Worker processes even for a small store, and direct checks shared in small batches."""
+    saved = {name: getattr(castore.fsck, name) for name in FORCED_POOL}
+    for name, value in FORCED_POOL.items():
+        setattr(castore.fsck, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(castore.fsck, name, value)
+
+
+FORCED_POOL = {"PARALLEL_TASKS": 1, "PARALLEL_OBJECTS": 1, "BATCH": 2}
 
 
 def check(
@@ -914,6 +934,99 @@ def test_what_fsck_calls_unreachable_gc_would_remove(world: World, damage: str) 
     future = time.time() + 400 * 86400
     would_remove = set(castore.gc.collect(world.root, dry_run=True, now=future).removed)
     assert set() == unreachable - would_remove
+
+
+def test_a_name_with_a_newline_in_a_fanout_directory_is_a_stray_file(
+    world: World, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A name made of two object ids joined by a newline is not an object (listing the
+    fan-out directory checks names in bulk, one per line)."""
+    fanout = world.obj(world.plans["plain/1"]).parent
+    odd = fanout / (fanout.name + "a" * 62 + "\n" + fanout.name + "b" * 62)
+    odd.write_bytes(b"junk")
+    check(capsys, world.root, [("stray-file", WARNING, world.rel(odd), None, None)])
+
+
+def test_a_symlinked_fanout_directory_is_never_read_through(
+    world: World, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The fan-out directory of a plan replaced by a symlink to a copy outside the store: its
+    objects are not indexed, and the chains that name the plan do not find it either."""
+    plan = world.plans["plain/1"]
+    fanout = world.obj(plan).parent
+    fanout.rename(tmp_path / "elsewhere")
+    fanout.symlink_to(tmp_path / "elsewhere")
+    first = world.snaps["plain/1"][0]
+    findings = check(
+        capsys,
+        world.root,
+        [
+            ("unsafe-file", ERROR, world.rel(fanout), None, None),
+            ("missing-object", ERROR, world.slot_rel("plain/1", 0), first, "plain/1"),
+        ],
+        cascade=CHAIN_CODES,
+    )
+    assert not any(f.message.endswith("it is a plan") for f in findings)
+
+
+def test_a_device_in_place_of_a_slot_is_unsafe_and_never_read(
+    world: World, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A character device (/dev/zero's numbers) where slot 4 belongs: `unsafe-file`, and fsck
+    ends (reading it would never end)."""
+    slot = world.slot("plain/1", 4)
+    slot.unlink()
+    try:
+        os.mknod(slot, 0o444 | stat.S_IFCHR, os.makedev(1, 5))
+    except PermissionError:
+        pytest.skip("making a device node needs root")
+    check(
+        capsys,
+        world.root,
+        [("unsafe-file", ERROR, world.slot_rel("plain/1", 4), None, "plain/1")],
+        cascade=CHAIN_CODES,
+    )
+
+
+def test_slots_whose_objects_are_gone_are_reported_in_slot_order(world: World) -> None:
+    """Whatever the string hash seed, `slot-not-published` comes in slot order."""
+    for seq in range(5):
+        world.obj(world.snaps["plain/1"][seq]).unlink()
+    expected = [world.slot_rel("plain/1", seq) for seq in range(5)]
+    code = (
+        "import sys, castore.fsck as fsck\n"
+        "fsck.PARALLEL_TASKS = 1\n"
+        "for f in fsck.check_store(sys.argv[1], jobs=int(sys.argv[2])):\n"
+        "    if f.code == 'slot-not-published': print(f.path)\n"
+    )
+    for seed, jobs in (("1", 1), ("2", 1), ("3", 2), ("4", 2)):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        out = subprocess.run(
+            [sys.executable, "-c", code, world.root, str(jobs)],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+        assert expected == out.splitlines(), (seed, jobs)
+
+
+def test_two_checks_consumed_in_turn_do_not_mix(world: World, tmp_path: Path) -> None:
+    """Two check_store generators over different stores, consumed in turn in one process,
+    each find what they find alone."""
+    other = tmp_path / "other"
+    clone_tree(world.root, str(other))
+    (Path(world.root) / "notes.txt").write_text("a")
+    (other / "notes.txt").write_text("b")
+    (other / "objects" / world.blob[:2] / world.blob).unlink()
+    alone = [row(f) for f in check_store(world.root, jobs=1)]
+    other_alone = [row(f) for f in check_store(str(other), jobs=1)]
+    assert alone != other_alone
+    mine, theirs = check_store(world.root, jobs=1), check_store(str(other), jobs=1)
+    first = row(next(mine))
+    assert other_alone == [row(f) for f in theirs]
+    assert alone == [first, *(row(f) for f in mine)]
 
 
 # --------------------------------------------------------------------------- chains

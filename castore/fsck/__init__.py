@@ -186,9 +186,10 @@ class _ObjectChecks:
         # The common case in one set operation: every clean slot is its object, listed.
         same = {i for i, _ in {i: ino for i, (_, ino) in clean.items()}.items() & inodes.items()}
         self.clean |= same
-        for snapshot_id in clean.keys() - same if len(same) < len(clean) else ():
-            seq = clean[snapshot_id][0]
-            if snapshot_id not in inodes:
+        for snapshot_id, (seq, _) in clean.items() if len(same) < len(clean) else ():
+            if snapshot_id in same:
+                continue
+            if snapshot_id not in inodes:  # (in slot order: clean is)
                 yield _slot_finding(name, task_id, seq, snapshot_id, _UNPUBLISHED)
             else:  # a copy of the object's bytes: judged once the object itself is checked
                 self._copies.append((name, task_id, seq, snapshot_id))
@@ -254,7 +255,7 @@ PARALLEL_TASKS = 8  # below this a process pool costs more than it saves
 
 @attrs.frozen
 class _TaskContext:
-    """What every task check needs (inherited by forked workers, never pickled)."""
+    """What every task check needs besides the tasks (small: sent with every batch)."""
 
     root: str
     now_ms: int
@@ -294,12 +295,8 @@ class _TaskResult:
         return ids, seqs, array("Q", [inode for _, _, inode in clean]).tobytes()
 
 
-_CONTEXT: list[_TaskContext] = []  # set before a pool forks: workers inherit it, no pickling
-
-
-def _check_tasks(named: list[tuple[str, str]]) -> list[_TaskResult]:
+def _check_tasks(context: _TaskContext, named: list[tuple[str, str]]) -> list[_TaskResult]:
     """Check some tasks (a unit of work for a worker process, or the whole job serially)."""
-    context = _CONTEXT[-1]
     objects = NamedObjects(context.root)
     results = []
     for name, task_id in named:
@@ -346,19 +343,17 @@ class _Workers:
     def __exit__(self, *exc: object) -> None:
         if self._pool is not None:
             self._pool.shutdown(cancel_futures=True)
-        _CONTEXT.clear()
 
     def tasks(self, context: _TaskContext, named: list[tuple[str, str]]) -> Iterator[_TaskResult]:
         """Results in task order; with a pool, the work has started when this returns."""
-        _CONTEXT.append(context)
         if self._jobs <= 1:
-            return (result for one in named for result in _check_tasks([one]))
+            return (result for one in named for result in _check_tasks(context, [one]))
         size = max(1, len(named) // (self._jobs * 16))  # small: workers finish together
         batches = [named[i : i + size] for i in range(0, len(named), size)]
-        # fork: the workers inherit the context without pickling; they start now.
+        # fork: workers start at once, with the modules this process has imported.
         fork = multiprocessing.get_context("fork")
         self._pool = ProcessPoolExecutor(max_workers=self._jobs, mp_context=fork)
-        futures = [self._pool.submit(_check_tasks, batch) for batch in batches]
+        futures = [self._pool.submit(_check_tasks, context, batch) for batch in batches]
         return (result for future in futures for result in future.result())
 
     def objects(self, root: str, items: list[tuple[str, str]]) -> Iterator[ObjectReport]:

@@ -15,7 +15,7 @@ from castore.errors import CastoreError, FormatVersionError, UnsafeFileError
 from castore.fastdecode import decode_canonical, decode_canonical_value
 from castore.fsck.findings import Finding
 from castore.fsio import read_regular_with_stat
-from castore.layout import is_object_name, object_relpath
+from castore.layout import object_relpath
 from castore.plans import validate_plan
 from castore.records import Plan, Snapshot
 
@@ -82,9 +82,8 @@ def check_object(root: str, relpath: str, object_id: str) -> ObjectReport:
 
 
 def check_named(root: str, object_id: str) -> ObjectReport | None:
-    """Check the object a record names, by id; None if there is no such object file."""
-    if not is_object_name(object_id):
-        return None  # a damaged record's "id": never a path to follow
+    """Check the object a record names, by id (a valid one: it becomes a path); None if
+    there is no such object file."""
     report = check_object(root, object_relpath(object_id), object_id)
     return None if report.missing else report
 

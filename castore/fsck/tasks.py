@@ -21,7 +21,9 @@ from castore.fsio import file_kind, open_directory, read_in
 from castore.layout import (
     CHAIN_DIR,
     LOCK_NAME,
+    OBJECTS_DIR,
     TASKS_DIR,
+    is_object_name,
     object_relpath,
     parse_slot_name,
     parse_temp_name,
@@ -65,13 +67,31 @@ class NamedObjects:
         self.root = root
         self.reports: dict[str, ObjectReport | None] = {}  # None: no such object file
         self._shapes: dict[str, PlanShape | None] = {}
+        self._fanouts: dict[str, bool] = {}  # fan-out name -> a real directory
 
     def report(self, object_id: str) -> ObjectReport | None:
         try:
             return self.reports[object_id]
         except KeyError:
-            report = self.reports[object_id] = check_named(self.root, object_id)
-            return report
+            pass
+        # Where fsck's listing of objects/ indexes nothing (a symlinked or non-directory
+        # fan-out entry), a reference finds nothing either: never read through a symlink.
+        found = None
+        if is_object_name(object_id) and self._real_fanout(object_id[:2]):
+            found = check_named(self.root, object_id)
+        self.reports[object_id] = found
+        return found
+
+    def _real_fanout(self, fanout: str) -> bool:
+        try:
+            return self._fanouts[fanout]
+        except KeyError:
+            try:
+                mode = os.lstat(os.path.join(self.root, OBJECTS_DIR, fanout)).st_mode
+            except OSError:
+                mode = 0
+            real = self._fanouts[fanout] = stat.S_ISDIR(mode)
+            return real
 
     def plan_shape(self, plan_id: str) -> PlanShape | None:
         """The shape of an intact plan; None if it is missing, damaged or not a plan."""

@@ -99,8 +99,10 @@ def _walk_fanout(root: str, fanout: os.DirEntry[str], relfan: str, inventory: In
     a finding, in name order."""
     entries = list(os.scandir(fanout.path))
     names = [entry.name for entry in entries]
-    # The common case in one regex call: every name is an object id of this directory.
-    if _object_names(fanout.name).fullmatch("\n".join(names) + "\n" if names else ""):
+    # The common case in one regex call: every name is an object id of this directory (one
+    # line each: a name with a newline in it would make more lines than names).
+    joined = "\n".join(names) + "\n" if names else ""
+    if len(joined) == 65 * len(names) and _object_names(fanout.name).fullmatch(joined):
         inventory.inodes.update(zip(names, [entry.inode() for entry in entries], strict=True))
         return
     inodes = inventory.inodes
