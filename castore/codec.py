@@ -199,7 +199,10 @@ def decode_value(data: bytes) -> Any:
 
 def decode_value_strict(data: bytes) -> Any:
     """`decode_value` without its fast path: the definition the fast path must agree with."""
-    return _DECODER.decode(data.decode("utf-8"))
+    try:
+        return _DECODER.decode(data.decode("utf-8"))
+    except RecursionError:  # hostile nesting: refused like any other bad input
+        raise ValueError("nested too deeply to decode") from None
 
 
 def frame(kind: str, body: bytes) -> bytes:

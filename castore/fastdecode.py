@@ -47,7 +47,7 @@ def _plain_float(text: str) -> float:
 
 
 # What msgspec (or the float hook) may raise for a body it cannot vouch for.
-_UNSURE = (msgspec.MsgspecError, _NotPlain, ValueError, TypeError, OverflowError)
+_UNSURE = (msgspec.MsgspecError, _NotPlain, ValueError, TypeError, OverflowError, RecursionError)
 _ENCODER = msgspec.json.Encoder(order="sorted")
 _DECODERS: dict[object, Callable[[bytes], Any]] = {}
 

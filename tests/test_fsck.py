@@ -1012,6 +1012,46 @@ def test_slots_whose_objects_are_gone_are_reported_in_slot_order(world: World) -
         assert expected == out.splitlines(), (seed, jobs)
 
 
+def test_slot_findings_of_clean_and_damaged_slots_come_in_slot_order(world: World) -> None:
+    """Slots 0 and 2 of plain/2 lose their objects; slot 0 is also writable (so it takes the
+    full check, slot 2 the short one): `slot-not-published` still comes for 0, then 2."""
+    for seq in (0, 2):
+        world.obj(world.snaps["plain/2"][seq]).unlink()
+    world.slot("plain/2", 0).chmod(0o644)
+    found = [f.path for f in fsck(world.root) if f.code == "slot-not-published"]
+    assert [world.slot_rel("plain/2", 0), world.slot_rel("plain/2", 2)] == found
+
+
+@pytest.mark.parametrize("where", ["blob", "slot"])
+def test_deeply_nested_bodies_are_undecodable_not_a_crash(
+    world: World, capsys: pytest.CaptureFixture[str], where: str
+) -> None:
+    """A body nested 100,000 levels deep: a finding (the decoders would recurse too deep)."""
+    body = b"[" * 100_000 + b"]" * 100_000
+    if where == "blob":
+        object_id = put_raw(world.store, codec.frame("blob", body))
+        expected = [("undecodable", ERROR, f"objects/{object_id[:2]}/{object_id}", object_id, None)]
+        check(capsys, world.root, expected, cascade=("unreachable-object",))
+    else:
+        replace_file(world.slot("plain/1", 4), codec.frame("snapshot", body))
+        findings = fsck(world.root)
+        corrupt = [f for f in findings if f.code == "slot-corrupt"]
+        assert [world.slot_rel("plain/1", 4)] == [f.path for f in corrupt]
+
+
+def test_task_check_covers_what_a_slot_that_is_no_snapshot_still_names(world: World) -> None:
+    """--task: slot 2 of plain/2 decodes but has an extra field, so it is no Snapshot record;
+    the blob it names (damaged here) is checked anyway, as gc keeps it."""
+    slot = world.slot("plain/2", 2)
+    entry = json.loads(codec.unframe(slot.read_bytes())[1])
+    assert entry["transition"]["result_ref"] == world.blob
+    replace_file(slot, codec.frame("snapshot", codec.encode_value({**entry, "extra": 1})))
+    rewrite(world.obj(world.blob), lambda data: data[:-1])
+    codes = {(f.code, f.object_id) for f in fsck(world.root, task="plain/2")}
+    assert ("hash-mismatch", world.blob) in codes
+    assert ("slot-corrupt", hash_bytes(slot.read_bytes())) in codes
+
+
 def test_two_checks_consumed_in_turn_do_not_mix(world: World, tmp_path: Path) -> None:
     """Two check_store generators over different stores, consumed in turn in one process,
     each find what they find alone."""

@@ -178,21 +178,19 @@ class _ObjectChecks:
         self._copies: list[tuple[str, str, int, str]] = []  # (name, task id, seq, object id)
 
     def add_task(self, result: _TaskResult) -> Iterator[Finding]:
-        """Take one task's slots and named objects; yield what its slots say of objects/."""
-        inodes, name, task_id = self.inventory.inodes, result.name, result.task_id
+        """Take one task's slots and named objects; yield, in slot order, what its slots say
+        of objects/."""
+        inodes = self.inventory.inodes
         self.referenced |= result.refs
         clean = result.clean_slots()  # snapshot id -> (seq, inode)
         self.referenced.update(clean)
         # The common case in one set operation: every clean slot is its object, listed.
         same = {i for i, _ in {i: ino for i, (_, ino) in clean.items()}.items() & inodes.items()}
         self.clean |= same
+        odd: list[tuple[int, str, str]] = []  # (seq, snapshot id, what to say), any order
         for snapshot_id, (seq, _) in clean.items() if len(same) < len(clean) else ():
-            if snapshot_id in same:
-                continue
-            if snapshot_id not in inodes:  # (in slot order: clean is)
-                yield _slot_finding(name, task_id, seq, snapshot_id, _UNPUBLISHED)
-            else:  # a copy of the object's bytes: judged once the object itself is checked
-                self._copies.append((name, task_id, seq, snapshot_id))
+            if snapshot_id not in same:
+                odd.append((seq, snapshot_id, _UNPUBLISHED if snapshot_id not in inodes else ""))
         for slot in result.slots:
             self.referenced.add(slot.snapshot_id)
             inode = inodes.get(slot.snapshot_id)
@@ -204,11 +202,14 @@ class _ObjectChecks:
                         slot.snapshot_id, path, kind, slot.findings
                     )
                 if slot.damaged:
-                    yield _slot_finding(name, task_id, slot.seq, slot.snapshot_id, _DAMAGED)
-            elif inode is None:
-                yield _slot_finding(name, task_id, slot.seq, slot.snapshot_id, _UNPUBLISHED)
+                    odd.append((slot.seq, slot.snapshot_id, _DAMAGED))
+            else:
+                odd.append((slot.seq, slot.snapshot_id, _UNPUBLISHED if inode is None else ""))
+        for seq, snapshot_id, what in sorted(odd):
+            if what:
+                yield _slot_finding(result.name, result.task_id, seq, snapshot_id, what)
             else:  # a copy of the object's bytes: judged once the object itself is checked
-                self._copies.append((name, task_id, slot.seq, slot.snapshot_id))
+                self._copies.append((result.name, result.task_id, seq, snapshot_id))
         self.add_reports(result.named.values())
 
     def add_reports(self, reports: Iterable[ObjectReport]) -> None:
@@ -239,15 +240,17 @@ class _ObjectChecks:
                 yield _slot_finding(name, task_id, seq, object_id, _DAMAGED)
 
 
-_DAMAGED = ("missing-object", "the snapshot object of this slot is damaged (see its own finding)")
-_UNPUBLISHED = ("slot-not-published", "no object of these bytes in objects/")
+_DAMAGED = "missing-object"
+_UNPUBLISHED = "slot-not-published"
+_SAYS = {
+    _DAMAGED: "the snapshot object of this slot is damaged (see its own finding)",
+    _UNPUBLISHED: "no object of these bytes in objects/",
+}
 
 
-def _slot_finding(
-    name: str, task_id: str, seq: int, object_id: str, what: tuple[str, str]
-) -> Finding:
+def _slot_finding(name: str, task_id: str, seq: int, object_id: str, code: str) -> Finding:
     relpath = f"{TASKS_DIR}/{name}/{CHAIN_DIR}/{slot_name(seq)}"
-    return Finding(what[0], relpath, what[1], object_id, task_id)
+    return Finding(code, relpath, _SAYS[code], object_id, task_id)
 
 
 PARALLEL_TASKS = 8  # below this a process pool costs more than it saves

@@ -187,6 +187,8 @@ def _decode_strict(kind: str, body: bytes) -> object:
         raise _Damage("undecodable", "a string escapes a lone surrogate, not unicode") from None
     except ValueError as exc:
         raise _Damage("undecodable", str(exc)) from None
+    except RecursionError:
+        raise _Damage("undecodable", "nested too deeply to decode") from None
     if canonical != body:
         raise _Damage("not-canonical", "re-encoding the body gives different bytes")
     if kind not in _RECORDS:

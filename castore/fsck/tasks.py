@@ -30,6 +30,7 @@ from castore.layout import (
     slot_name,
 )
 from castore.records import EffectState, Plan, Snapshot, TransitionKind
+from castore.verify import named_ids
 
 
 @attrs.frozen
@@ -314,6 +315,7 @@ class TaskCheck:
             )
             self.unreadable = True
             self.add("slot-corrupt", relpath, reason, snapshot_id)
+            self.refs.update(_named_anyway(data))  # what gc keeps for it, fsck --task checks
             return None
 
     def _check_entry(
@@ -398,6 +400,14 @@ class TaskCheck:
 
 
 _decode_clean_snapshot = canonical_decoder(Snapshot)
+
+
+def _named_anyway(data: bytes) -> list[str]:
+    """The ids a slot that is no Snapshot record still names, read as gc reads them."""
+    try:
+        return list(named_ids(codec.decode_value(codec.unframe(data)[1])))
+    except (CastoreError, ValueError):
+        return []
 
 
 def _decode_snapshot(data: bytes, where: str) -> Snapshot:
