@@ -29,6 +29,7 @@ from helpers import cli, flip_bit, read_line, rewrite, tree_snapshot
 import castore
 import castore.fsck.objects
 import castore.fsck.quarantine
+import castore.fsck.workers
 import castore.gc
 from castore import codec
 from castore.digest import hash_bytes
@@ -242,14 +243,14 @@ def fsck(root: str, **options: Any) -> list[Finding]:
 @contextlib.contextmanager
 def forced_pool() -> Iterator[None]:
     """Worker processes even for a small store, and direct checks shared in small batches."""
-    saved = {name: getattr(castore.fsck, name) for name in FORCED_POOL}
+    saved = {name: getattr(castore.fsck.workers, name) for name in FORCED_POOL}
     for name, value in FORCED_POOL.items():
-        setattr(castore.fsck, name, value)
+        setattr(castore.fsck.workers, name, value)
     try:
         yield
     finally:
         for name, value in saved.items():
-            setattr(castore.fsck, name, value)
+            setattr(castore.fsck.workers, name, value)
 
 
 FORCED_POOL = {"PARALLEL_TASKS": 1, "PARALLEL_OBJECTS": 1, "BATCH": 2}
@@ -994,8 +995,8 @@ def test_slots_whose_objects_are_gone_are_reported_in_slot_order(world: World) -
         world.obj(world.snaps["plain/1"][seq]).unlink()
     expected = [world.slot_rel("plain/1", seq) for seq in range(5)]
     code = (
-        "import sys, castore.fsck as fsck\n"
-        "fsck.PARALLEL_TASKS = 1\n"
+        "import sys, castore.fsck as fsck, castore.fsck.workers as workers\n"
+        "workers.PARALLEL_TASKS = 1\n"
         "for f in fsck.check_store(sys.argv[1], jobs=int(sys.argv[2])):\n"
         "    if f.code == 'slot-not-published': print(f.path)\n"
     )
@@ -1585,7 +1586,7 @@ def test_progress_counts_up_to_every_object_checked(
 ) -> None:
     """progress(done, total) never goes back, stays below total until its last call, and
     that call says every object was checked."""
-    monkeypatch.setattr(castore.fsck, "PARALLEL_TASKS", 1)
+    monkeypatch.setattr(castore.fsck.workers, "PARALLEL_TASKS", 1)
     calls: list[tuple[int, int]] = []
     summary = Summary()
     list(check_store(world.root, jobs=jobs, summary=summary, progress=lambda *c: calls.append(c)))
@@ -1645,9 +1646,9 @@ def test_parallel_check_finds_what_the_serial_one_finds(
     put_raw(world.store, craft(b"widget", b"{}"))
     serial = [row(finding) for finding in check_store(world.root, jobs=1)]
     assert {"hash-mismatch", "writable-object", "unknown-kind"} <= {r[0] for r in serial}
-    monkeypatch.setattr(castore.fsck, "PARALLEL_TASKS", 1)
-    monkeypatch.setattr(castore.fsck, "PARALLEL_OBJECTS", 1)
-    monkeypatch.setattr(castore.fsck, "BATCH", 3)
+    monkeypatch.setattr(castore.fsck.workers, "PARALLEL_TASKS", 1)
+    monkeypatch.setattr(castore.fsck.workers, "PARALLEL_OBJECTS", 1)
+    monkeypatch.setattr(castore.fsck.workers, "BATCH", 3)
     before = tree_snapshot(world.root)
     parallel = [row(finding) for finding in check_store(world.root, jobs=3)]
     assert before == tree_snapshot(world.root)

@@ -1,0 +1,100 @@
+"""Which objects fsck has checked, and how: through a clean slot, through a slot with
+something to report, as a plan or blob a chain names, or directly; and the findings of slots
+that only the whole listing of objects/ can make (is this slot its object, or a copy?)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from castore.fsck.findings import Finding
+from castore.fsck.objects import ObjectReport
+from castore.fsck.tree import Inventory
+from castore.fsck.workers import TaskResult
+from castore.layout import CHAIN_DIR, TASKS_DIR, object_relpath, slot_name
+
+
+class Coverage:
+    """Every object's report, gathered from the task pass and then from direct checks, and
+    the findings of slots that only the whole store's listing can make."""
+
+    def __init__(self, inventory: Inventory) -> None:
+        self.inventory = inventory
+        self.reports: dict[str, ObjectReport] = {}  # objects checked, with what they found
+        self.clean: set[str] = set()  # snapshot objects checked through a clean slot
+        self.referenced: set[str] = set()
+        self._copies: list[tuple[str, str, int, str]] = []  # (name, task id, seq, object id)
+
+    def add_task(self, result: TaskResult) -> Iterator[Finding]:
+        """Take one task's slots and named objects; yield, in slot order, what its slots say
+        of objects/."""
+        inodes = self.inventory.inodes
+        self.referenced |= result.refs
+        clean = result.clean_slots()  # snapshot id -> (seq, inode)
+        self.referenced.update(clean)
+        # The common case in one set operation: every clean slot is its object, listed.
+        same = {i for i, _ in {i: ino for i, (_, ino) in clean.items()}.items() & inodes.items()}
+        self.clean |= same
+        odd: list[tuple[int, str, str]] = []  # (seq, snapshot id, what to say), any order
+        for snapshot_id, (seq, _) in clean.items() if len(same) < len(clean) else ():
+            if snapshot_id not in same:
+                odd.append((seq, snapshot_id, _UNPUBLISHED if snapshot_id not in inodes else ""))
+        for slot in result.slots:
+            self.referenced.add(slot.snapshot_id)
+            inode = inodes.get(slot.snapshot_id)
+            if inode == slot.inode:  # the slot is the object: its report is the object's
+                if slot.snapshot_id not in self.reports:
+                    kind = None if slot.damaged else "snapshot"
+                    path = object_relpath(slot.snapshot_id)
+                    self.reports[slot.snapshot_id] = ObjectReport(
+                        slot.snapshot_id, path, kind, slot.findings
+                    )
+                if slot.damaged:
+                    odd.append((slot.seq, slot.snapshot_id, _DAMAGED))
+            else:
+                odd.append((slot.seq, slot.snapshot_id, _UNPUBLISHED if inode is None else ""))
+        for seq, snapshot_id, what in sorted(odd):
+            if what:
+                yield _slot_finding(result.name, result.task_id, seq, snapshot_id, what)
+            else:  # a copy of the object's bytes: judged once the object itself is checked
+                self._copies.append((result.name, result.task_id, seq, snapshot_id))
+        self.add_reports(result.named.values())
+
+    def add_reports(self, reports: Iterable[ObjectReport]) -> None:
+        for report in reports:
+            if report.object_id in self.inventory.inodes:
+                self.reports.setdefault(report.object_id, report)
+
+    @property
+    def checked(self) -> int:
+        """How many objects have been checked, one way or the other."""
+        return len(self.reports) + len(self.clean.difference(self.reports))
+
+    def unchecked(self, wanted: set[str] | None) -> list[tuple[str, str]]:
+        """(path, id) of every object (of `wanted`, if given) that has no report yet."""
+        return sorted(
+            (object_relpath(object_id), object_id)
+            for object_id in self.inventory.inodes
+            if object_id not in self.reports
+            and object_id not in self.clean
+            and (wanted is None or object_id in wanted)
+        )
+
+    def slot_findings(self) -> Iterator[Finding]:
+        """Slots that are copies of a damaged object say so (once every report is in)."""
+        for name, task_id, seq, object_id in self._copies:
+            report = self.reports.get(object_id)
+            if report is not None and report.damaged and object_id not in self.clean:
+                yield _slot_finding(name, task_id, seq, object_id, _DAMAGED)
+
+
+_DAMAGED = "missing-object"
+_UNPUBLISHED = "slot-not-published"
+_SAYS = {
+    _DAMAGED: "the snapshot object of this slot is damaged (see its own finding)",
+    _UNPUBLISHED: "no object of these bytes in objects/",
+}
+
+
+def _slot_finding(name: str, task_id: str, seq: int, object_id: str, code: str) -> Finding:
+    relpath = f"{TASKS_DIR}/{name}/{CHAIN_DIR}/{slot_name(seq)}"
+    return Finding(code, relpath, _SAYS[code], object_id, task_id)
