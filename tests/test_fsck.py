@@ -234,8 +234,10 @@ def fsck(root: str, **options: Any) -> list[Finding]:
     before = tree_snapshot(root)
     findings = within_deadline(lambda: list(check_store(root, jobs=1, **options)))
     assert before == tree_snapshot(root), "fsck changed the store"
+    # In this thread, the only one: the workers are then forked, and inherit whatever the
+    # test patched (jobs=1 above already showed that nothing blocks).
     with forced_pool():
-        pooled = within_deadline(lambda: list(check_store(root, jobs=2, **options)))
+        pooled = list(check_store(root, jobs=2, **options))
     assert [row(f) for f in findings] == [row(f) for f in pooled]
     return findings
 
@@ -1578,6 +1580,25 @@ def test_fsck_of_a_non_store_exits_2(
     assert (2, "") == (code, out)
     assert 1 == len(err.splitlines()), err
     assert before == tree_snapshot(tmp_path)
+
+
+def test_pool_started_while_other_threads_run_finds_the_same(world: World) -> None:
+    """With another thread running in the process (a Watcher, say), the workers do not come
+    from a plain fork; they find the same, in the same order."""
+    rewrite(world.obj(world.blob), lambda data: data[:-1])
+    alone = [row(f) for f in check_store(world.root, jobs=1)]
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, daemon=True)
+    other.start()
+    try:
+        with forced_pool():
+            assert "forkserver" == castore.fsck.workers._start_method().get_start_method()
+            pooled = [row(f) for f in check_store(world.root, jobs=2)]
+    finally:
+        stop.set()
+        other.join()
+    assert alone == pooled
+    assert "fork" == castore.fsck.workers._start_method().get_start_method()
 
 
 @pytest.mark.parametrize("jobs", [1, 3])

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import threading
 from array import array
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -116,9 +117,7 @@ class Workers:
             return (result for one in named for result in check_tasks(context, [one]))
         size = max(1, len(named) // (self._jobs * 16))  # small: workers finish together
         batches = [named[i : i + size] for i in range(0, len(named), size)]
-        # fork: workers start at once, with the modules this process has imported.
-        fork = multiprocessing.get_context("fork")
-        self._pool = ProcessPoolExecutor(max_workers=self._jobs, mp_context=fork)
+        self._pool = ProcessPoolExecutor(max_workers=self._jobs, mp_context=_start_method())
         futures = [self._pool.submit(check_tasks, context, batch) for batch in batches]
         return (result for future in futures for result in future.result())
 
@@ -136,3 +135,11 @@ PARALLEL_OBJECTS = 200  # objects left to check directly; fewer are checked in t
 def check_batch(root: str, batch: list[tuple[str, str]]) -> list[ObjectReport]:
     """Check some objects by path (a unit of work for a worker process)."""
     return [attrs.evolve(check_object(root, relpath, i), record=None) for relpath, i in batch]
+
+
+def _start_method() -> multiprocessing.context.BaseContext:
+    """fork: workers start at once, with the modules this process has imported. Unless this
+    process runs other threads (a Watcher, an application's own): a forked child would
+    inherit their locks as they are, held or not, so a fork server starts the workers then."""
+    method = "fork" if threading.active_count() == 1 else "forkserver"
+    return multiprocessing.get_context(method)
