@@ -28,6 +28,10 @@ def _progress(done: int, total: int) -> None:
         print(f"\rchecking objects: {done}/{total}", end=end, file=sys.stderr, flush=True)
 
 
+def _many(count: object, word: str) -> str:
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
 def cmd_fsck(args: argparse.Namespace) -> int:
     summary = Summary()
     progress = _progress if sys.stderr.isatty() and not args.json else None
@@ -57,10 +61,13 @@ def cmd_fsck(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"summary": totals}, sort_keys=True))
     else:
+        counted = ", ".join(
+            _many(totals[key], word)
+            for key, word in (("errors", "error"), ("warnings", "warning"), ("infos", "note"))
+        )
         print(
-            f"checked {totals['objects']} objects and {totals['tasks']} tasks in "
-            f"{totals['seconds']}s: {totals['errors']} errors, {totals['warnings']} warnings, "
-            f"{totals['infos']} notes"
+            f"checked {_many(totals['objects'], 'object')} and {_many(totals['tasks'], 'task')}"
+            f" in {totals['seconds']}s: {counted}"
         )
     return summary.exit_status
 
