@@ -66,6 +66,32 @@ def test_console_script_prints_its_version() -> None:
     )
 
 
+@pytest.mark.parametrize("lines", [3, 400])
+def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path, lines: int) -> None:
+    """`castore status | head`: when stdout's reader has gone, whether the output fits the
+    buffer (flushed at the end) or not (flushed while printing), castore stops with 141 (128 +
+    SIGPIPE) and no traceback."""
+    store = castore.Store.init(tmp_path / "store")
+    plan = castore.Plan.build("p", "a")
+    for number in range(lines):
+        store.start(f"t{number}", plan).close()
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # nobody will ever read
+    script = Path(sys.executable).parent / "castore"
+    try:
+        result = subprocess.run(
+            [str(script), "--store", store.root, "status"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert (141, "") == (result.returncode, result.stderr)
+
+
 def test_init_creates_a_store_and_refuses_an_existing_one(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -22,6 +22,7 @@ STORE_ENV = "CASTORE_STORE"
 
 # Documented in README "Exit codes": a script can tell what went wrong without parsing text.
 EXIT_OK = 0
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a tool killed by it
 EXIT_FINDINGS = 1  # fsck found errors; doctor found the filesystem unsafe
 EXIT_USAGE = 2  # bad arguments, not a store, unknown format version
 EXIT_INTEGRITY = 3  # a corrupt or missing object, a broken chain
@@ -140,12 +141,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     handler: Handler = args.handler
     try:
-        return handler(args)
+        status = handler(args)
+        sys.stdout.flush()  # here, where a reader that went away is handled below
+        return status
     except errors.CastoreError as exc:
         print(f"castore: error: {exc}", file=sys.stderr)
         return exit_code_for(exc)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`castore status | head`): stop quietly, as Unix tools do, and
+        # point stdout at nothing so that the interpreter's final flush cannot fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 def entry_point() -> None:
