@@ -143,7 +143,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         status = handler(args)
         sys.stdout.flush()  # here, where a reader that went away is handled below
-        return status
     except errors.CastoreError as exc:
         print(f"castore: error: {exc}", file=sys.stderr)
         return exit_code_for(exc)
@@ -154,6 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # point stdout at nothing so that the interpreter's final flush cannot fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
+    return status
 
 
 def entry_point() -> None:
