@@ -121,11 +121,12 @@ class TaskCheck:
     def _slots(self, chain_dir: str) -> list[int]:
         slots: list[int] = []
         for entry in os.scandir(chain_dir):
-            relpath = f"{self.rel}/{CHAIN_DIR}/{entry.name}"
             seq = parse_slot_name(entry.name)
             if seq is not None:
                 slots.append(seq)
-            elif parse_temp_name(entry.name):
+                continue
+            relpath = f"{self.rel}/{CHAIN_DIR}/{entry.name}"
+            if parse_temp_name(entry.name):
                 self.found.append(attrs.evolve(temp_finding(self.root, relpath), task=self.task_id))
             else:
                 self.add("stray-file", relpath, "not a chain slot")
