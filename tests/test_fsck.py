@@ -1582,23 +1582,77 @@ def test_fsck_of_a_non_store_exits_2(
     assert before == tree_snapshot(tmp_path)
 
 
-def test_pool_started_while_other_threads_run_finds_the_same(world: World) -> None:
-    """With another thread running in the process (a Watcher, say), the workers do not come
-    from a plain fork; they find the same, in the same order."""
+def test_with_other_threads_running_fsck_works_in_its_own_process(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With another thread running (a Watcher, say), no worker is forked (it would inherit
+    that thread's locks as they are); fsck finds the same, in the same order, by itself."""
     rewrite(world.obj(world.blob), lambda data: data[:-1])
     alone = [row(f) for f in check_store(world.root, jobs=1)]
+
+    def no_pool(*_: object, **__: object) -> None:
+        raise AssertionError("a process pool was started")
+
     stop = threading.Event()
     other = threading.Thread(target=stop.wait, daemon=True)
     other.start()
     try:
         with forced_pool():
-            assert "forkserver" == castore.fsck.workers._start_method().get_start_method()
+            monkeypatch.setattr(castore.fsck.workers, "ProcessPoolExecutor", no_pool)
             pooled = [row(f) for f in check_store(world.root, jobs=2)]
     finally:
         stop.set()
         other.join()
     assert alone == pooled
-    assert "fork" == castore.fsck.workers._start_method().get_start_method()
+
+
+def test_a_script_without_a_main_guard_may_run_fsck_beside_a_thread(world: World) -> None:
+    """A plain script (no `if __name__ == "__main__"`) with a thread running calls
+    check_store(jobs=2): its top level runs once, and it gets its findings."""
+    script = Path(world.root).parent / "plain_script.py"
+    script.write_text(
+        "import sys, threading, castore.fsck.workers as workers\n"
+        "from castore.fsck import check_store\n"
+        "print('top level', flush=True)\n"
+        "workers.PARALLEL_TASKS = workers.PARALLEL_OBJECTS = 1\n"
+        "stop = threading.Event()\n"
+        "threading.Thread(target=stop.wait, daemon=True).start()\n"
+        "print(len(list(check_store(sys.argv[1], jobs=2))), flush=True)\n"
+        "stop.set()\n"
+    )
+    out = subprocess.run(
+        [sys.executable, str(script), world.root],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
+    assert ["top level", "0"] == out.splitlines()
+
+
+def test_direct_checks_use_workers_even_with_few_tasks(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Few tasks but many objects to check directly (here: all unreachable ones): the direct
+    checks are shared among worker processes, with the same findings."""
+    for number in range(40):
+        put_raw(world.store, codec.frame("blob", codec.encode_value({"n": number})))
+    alone = [row(f) for f in check_store(world.root, jobs=1)]
+    started: list[int] = []
+    real = castore.fsck.workers.ProcessPoolExecutor
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        started.append(kwargs["max_workers"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(castore.fsck.workers, "PARALLEL_OBJECTS", 10)
+    monkeypatch.setattr(castore.fsck.workers, "BATCH", 7)
+    monkeypatch.setattr(castore.fsck.workers, "ProcessPoolExecutor", spy)
+    assert 3 < castore.fsck.workers.PARALLEL_TASKS  # the world has 3 tasks: no task pool
+    pooled = [row(f) for f in check_store(world.root, jobs=2)]
+    assert [2] == started
+    assert alone == pooled
+    assert 40 == sum(1 for r in pooled if r[0] == "unreachable-object")
 
 
 @pytest.mark.parametrize("jobs", [1, 3])

@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterable, Iterator
 import attrs
 
 from castore.errors import UsageError
-from castore.fsck import workers
 from castore.fsck.coverage import Coverage
 from castore.fsck.findings import CODES, Finding, Severity
 from castore.fsck.objects import ObjectReport
@@ -75,8 +74,10 @@ def check_store(
     """Yield every finding in the store at `path` (or in one task and what it names).
 
     Raises StoreNotFoundError / FormatVersionError only when the path is not a store it can
-    read at all; damage is always a finding. `progress(done, total)` is called as objects are
-    checked, with done < total, and once at the end with done == total.
+    read at all, UnsafeFileError when its objects/ or tasks/ is a symlink or not a directory
+    (it cannot even be opened safely); damage is always a finding. `progress(done, total)`
+    is called as objects are checked, with done < total, and once at the end with done ==
+    total.
     """
     started = time.monotonic()
     store = Store.open(path)  # refuses a non-store before anything else is read
@@ -113,7 +114,7 @@ def _check(
         else:
             named.append((name, task_id))
     context = TaskContext(root, int(time.time() * 1000), int(stuck_after * 1000))
-    with Workers(jobs if len(named) >= workers.PARALLEL_TASKS else 1) as pool:
+    with Workers(jobs) as pool:
         # The task pass starts first: the workers read every chain (and every snapshot object
         # through its slot, the same inode) while this process lists objects/.
         results = pool.tasks(context, named)

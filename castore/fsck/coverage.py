@@ -43,12 +43,11 @@ class Coverage:
             inode = inodes.get(slot.snapshot_id)
             if inode == slot.inode:  # the slot is the object: its report is the object's
                 if slot.snapshot_id not in self.reports:
-                    kind = None if slot.damaged else "snapshot"
                     path = object_relpath(slot.snapshot_id)
                     self.reports[slot.snapshot_id] = ObjectReport(
-                        slot.snapshot_id, path, kind, slot.findings
+                        slot.snapshot_id, path, slot.kind, slot.findings
                     )
-                if slot.damaged:
+                if slot.kind is None:
                     odd.append((slot.seq, slot.snapshot_id, _DAMAGED))
             else:
                 odd.append((slot.seq, slot.snapshot_id, _UNPUBLISHED if inode is None else ""))

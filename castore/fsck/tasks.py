@@ -41,7 +41,7 @@ class SlotCheck:
     snapshot_id: str
     inode: int
     findings: tuple[Finding, ...]  # the object's own findings, at its objects/ path
-    damaged: bool
+    kind: str | None  # what object it is (a slot may be a plan's or a blob's inode); None: damaged
 
 
 _FILE_TYPE_AND_WRITE_BITS = stat.S_IFMT(0o177777) | 0o222
@@ -245,7 +245,7 @@ class TaskCheck:
         report = check_data(
             object_relpath(snapshot_id), snapshot_id, data, info, hashed=snapshot_id
         )
-        self.slots.append(SlotCheck(seq, snapshot_id, info.st_ino, report.findings, report.damaged))
+        self.slots.append(SlotCheck(seq, snapshot_id, info.st_ino, report.findings, report.kind))
         if isinstance(report.record, Snapshot):
             return snapshot_id, report.record  # decoded once, used twice
         try:

@@ -97,8 +97,8 @@ def check_tasks(context: TaskContext, named: list[tuple[str, str]]) -> list[Task
 
 
 class Workers:
-    """A pool of forked worker processes (or none, for jobs=1), for the task pass and then
-    for the objects it did not cover."""
+    """Worker processes for the task pass and then for the objects it did not cover, each
+    started only where there is enough work to pay for them (and `jobs` > 1)."""
 
     def __init__(self, jobs: int) -> None:
         self._jobs = jobs
@@ -113,20 +113,29 @@ class Workers:
 
     def tasks(self, context: TaskContext, named: list[tuple[str, str]]) -> Iterator[TaskResult]:
         """Results in task order; with a pool, the work has started when this returns."""
-        if self._jobs <= 1:
+        pool = self._started(len(named) >= PARALLEL_TASKS)
+        if pool is None:
             return (result for one in named for result in check_tasks(context, [one]))
         size = max(1, len(named) // (self._jobs * 16))  # small: workers finish together
         batches = [named[i : i + size] for i in range(0, len(named), size)]
-        self._pool = ProcessPoolExecutor(max_workers=self._jobs, mp_context=_start_method())
-        futures = [self._pool.submit(check_tasks, context, batch) for batch in batches]
+        futures = [pool.submit(check_tasks, context, batch) for batch in batches]
         return (result for future in futures for result in future.result())
 
     def objects(self, root: str, items: list[tuple[str, str]]) -> Iterator[ObjectReport]:
-        if self._pool is None or len(items) < PARALLEL_OBJECTS:
+        """Reports of the objects at `items` (path, id), in that order."""
+        pool = self._started(len(items) >= PARALLEL_OBJECTS)
+        if pool is None:
             return iter(check_batch(root, items))
         batches = [items[i : i + BATCH] for i in range(0, len(items), BATCH)]
-        chunks = self._pool.map(check_batch, [root] * len(batches), batches)
+        chunks = pool.map(check_batch, [root] * len(batches), batches)
         return (report for chunk in chunks for report in chunk)
+
+    def _started(self, worth_it: bool) -> ProcessPoolExecutor | None:
+        """The pool (started now if need be), or None: work in this process."""
+        if self._pool is None and worth_it and self._jobs > 1 and _may_fork():
+            fork = multiprocessing.get_context("fork")
+            self._pool = ProcessPoolExecutor(max_workers=self._jobs, mp_context=fork)
+        return self._pool
 
 
 PARALLEL_OBJECTS = 200  # objects left to check directly; fewer are checked in this process
@@ -137,9 +146,10 @@ def check_batch(root: str, batch: list[tuple[str, str]]) -> list[ObjectReport]:
     return [attrs.evolve(check_object(root, relpath, i), record=None) for relpath, i in batch]
 
 
-def _start_method() -> multiprocessing.context.BaseContext:
-    """fork: workers start at once, with the modules this process has imported. Unless this
-    process runs other threads (a Watcher, an application's own): a forked child would
-    inherit their locks as they are, held or not, so a fork server starts the workers then."""
-    method = "fork" if threading.active_count() == 1 else "forkserver"
-    return multiprocessing.get_context(method)
+def _may_fork() -> bool:
+    """Fork starts workers at once, with the modules this process has imported; but only
+    when this process runs no other thread (a Watcher, an application's own): a forked child
+    would inherit their locks as they are, held or not. The other start methods re-run the
+    caller's main script in each worker, which a script without a __main__ guard does not
+    survive; so with other threads, fsck works in this process."""
+    return threading.active_count() == 1
