@@ -24,13 +24,12 @@ _EXPECTED_LINKS = {"snapshot": 2}  # a snapshot object is also its chain slot
 
 @attrs.frozen
 class ObjectReport:
-    """What checking one object found, and what the object refers to."""
+    """What checking one object found."""
 
     object_id: str
     path: str
     kind: str | None = None  # None when the object is damaged
     findings: tuple[Finding, ...] = ()
-    refs: tuple[str, ...] = ()
     actual: str | None = None  # for object-wrong-name: the id the bytes really have
     missing: bool = False  # no file of that name (it vanished, or was never there)
     # The decoded record, for a caller that needs it (the task pass).
@@ -146,14 +145,15 @@ def _check_content(
         return report(code, exc.reason)
     try:
         record = _decode(kind, body)
-        refs = _refs_and_rules(record)
+        if isinstance(record, Plan):
+            validate_plan(record)  # a plan's own rules: step order, ids, `after` edges
     except _Damage as damage:
         return report(damage.code, damage.message)
     except (CastoreError, TypeError, ValueError, KeyError) as exc:  # a plan's own rules
         return report("schema-invalid", f"not a valid {kind}: {_first_line(exc)}")
     if links > _EXPECTED_LINKS.get(kind, 1):
         found.append(Finding("hard-linked-object", relpath, f"{links} names", object_id))
-    return ObjectReport(object_id, relpath, kind, tuple(found), refs, record=record)
+    return ObjectReport(object_id, relpath, kind, tuple(found), record=record)
 
 
 def _decode(kind: str, body: bytes) -> object:
@@ -204,14 +204,3 @@ def _first_line(exc: BaseException) -> str:
 
 
 _RECORDS: dict[str, type] = {"plan": Plan, "snapshot": Snapshot}
-
-
-def _refs_and_rules(record: object) -> tuple[str, ...]:
-    """A structured record's own rules (a plan's step order), and the ids it names."""
-    if isinstance(record, Plan):
-        validate_plan(record)
-        return ()
-    if isinstance(record, Snapshot):
-        named = (record.plan, record.parent, record.transition.result_ref)
-        return tuple(ref for ref in named if ref is not None)
-    return ()
