@@ -232,6 +232,28 @@ _WELL_FORMED_HEADER = re.compile(
 )
 
 
+_INTACT_HEADERS = {
+    kind: re.compile(
+        b"%s (?:%s) %s (0|[1-9][0-9]{0,19})\n"
+        % (
+            MAGIC,
+            b"|".join(str(version).encode() for version in SUPPORTED_VERSIONS),
+            kind.encode(),
+        )
+    )
+    for kind in KINDS
+}
+
+
+def intact_body(data: bytes, kind: str) -> bytes | None:
+    """The body of `data` if it is a well-framed object of `kind` (one regex: fsck's hot
+    path), else None; `unframe` then says what is wrong, if anything is."""
+    header = _INTACT_HEADERS[kind].match(data)
+    if header is None or len(data) - header.end() != int(header[1]):
+        return None
+    return data[header.end() :]
+
+
 def unframe(data: bytes, where: str = "object") -> tuple[str, bytes]:
     """Split an object into (kind, body); FrameError or FormatVersionError if malformed."""
     header = _WELL_FORMED_HEADER.match(data)

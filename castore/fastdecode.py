@@ -13,15 +13,23 @@ with an equal value:
   float whose canonical text has an exponent sends the body to the strict path;
 - msgspec reads ints up to 2**64 - 1 and wider, the data model stops at signed 64 bits, so a
   run of 19 or more digits anywhere (even inside a string) sends the body to the strict path.
+For fsck's hot loop, `canonical_view` reads a body into a *view* instead: a frozen msgspec
+Struct generated from the attrs record, with the same field names, types, defaults and
+values, which msgspec builds and re-encodes in about 60% of the time. A view bounds every
+typed int to 64 bits itself, so only the values of `Any` fields need their ints checked,
+which is done on the decoded value rather than by scanning the body for digits.
 This is the only module that imports msgspec.
 """
 
 from __future__ import annotations
 
 import math
+import types
+import typing
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
+import attrs
 import msgspec
 
 T = TypeVar("T")
@@ -96,3 +104,116 @@ def decode_canonical_value(body: bytes) -> tuple[Any] | None:
     except _UNSURE:
         return None
     return (value,) if again == body else None
+
+
+# Views: msgspec Structs mirroring the attrs records, field for field.
+_INT64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+_VIEWS: dict[type, type] = {}
+
+
+def canonical_view(cls: type[T]) -> Callable[[bytes], T | None]:
+    """Like `canonical_decoder`, but what it returns for a canonical body is a read-only
+    view of the record: a msgspec Struct with the same attributes (nested records are views
+    too), not an instance of `cls`. It is typed as `cls` for the code that reads it by
+    attribute, as fsck's chain checks do; nothing may isinstance-check, evolve or store it."""
+    decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(
+        _view_of(cls), float_hook=_plain_float
+    )
+    encode = _ENCODER.encode
+    untyped = _any_fields(cls)  # attribute paths to the values typed Any
+
+    def decode(body: bytes) -> T | None:
+        try:
+            record: T = decoder.decode(body)
+            again = encode(record)
+        except _UNSURE:
+            return None
+        if again != body:
+            return None
+        for path in untyped:
+            value: Any = record
+            for name in path:
+                value = getattr(value, name, None)
+            if not _fits_64_bits(value):
+                return None
+        return record
+
+    return decode
+
+
+def _fits_64_bits(value: Any) -> bool:
+    """Every int in `value` (a decoded JSON value: dicts, lists and scalars; floats were
+    vouched for by the float hook) is within the 64-bit data model."""
+    pending = [value]  # a loop, not recursion: the value may nest deeply
+    while pending:
+        item = pending.pop()
+        kind = type(item)
+        if kind is int:
+            if not -(2**63) <= item < 2**63:
+                return False
+        elif kind is dict:
+            pending.extend(item.values())
+        elif kind is list:
+            pending.extend(item)
+    return True
+
+
+def _view_of(cls: type) -> type:
+    """The Struct mirroring attrs class `cls` (made once)."""
+    try:
+        return _VIEWS[cls]
+    except KeyError:
+        pass
+    hints = typing.get_type_hints(cls)
+    fields: list[tuple[str, Any] | tuple[str, Any, Any]] = []
+    for field in attrs.fields(cls):
+        kind = _view_type(hints[field.name])
+        if field.default is attrs.NOTHING:
+            fields.append((field.name, kind))
+        elif isinstance(field.default, attrs.Factory):  # type: ignore[arg-type]
+            factory = field.default.factory
+            fields.append((field.name, kind, msgspec.field(default_factory=factory)))
+        else:
+            fields.append((field.name, kind, field.default))
+    view = _VIEWS[cls] = msgspec.defstruct(
+        f"{cls.__name__}View", fields, frozen=True, forbid_unknown_fields=True, gc=False
+    )
+    return view
+
+
+def _view_type(hint: Any) -> Any:
+    """The type a view's field has for a record's field type `hint`."""
+    if attrs.has(hint):
+        return _view_of(hint)
+    if hint is int:
+        return _INT64
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union):
+        return typing.Union[tuple(_view_type(arg) for arg in args)]  # noqa: UP007
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        return tuple[_view_type(args[0]), ...]  # type: ignore[misc]
+    if origin is dict:
+        return dict[_view_type(args[0]), _view_type(args[1])]  # type: ignore[misc]
+    if origin is not None:
+        raise TypeError(f"no view for the field type {hint!r}")  # a record type to add here
+    return hint  # str, bool, an enum, Any
+
+
+def _any_fields(cls: type) -> list[tuple[str, ...]]:
+    """Attribute paths from a `cls` record to each value whose type mentions Any, through
+    nested records (a value reached inside a container is checked as a whole)."""
+    paths: list[tuple[str, ...]] = []
+    for name, hint in typing.get_type_hints(cls).items():
+        if attrs.has(hint):
+            paths.extend((name, *path) for path in _any_fields(hint))
+        elif _mentions_any(hint):
+            paths.append((name,))
+    return paths
+
+
+def _mentions_any(hint: Any) -> bool:
+    if hint is Any:
+        return True
+    if attrs.has(hint):
+        return any(_mentions_any(inner) for inner in typing.get_type_hints(hint).values())
+    return any(_mentions_any(arg) for arg in typing.get_args(hint))

@@ -81,7 +81,8 @@ def read_in(dir_fd: int, name: str) -> tuple[bytes, os.stat_result]:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):  # a device may never end, a FIFO never start
             raise UnsafeFileError(name, file_kind(info.st_mode))
-        return _read_sized(fd, info), info
+        data = os.read(fd, info.st_size + 1)  # one byte more: a file that grew shows it
+        return (data if len(data) == info.st_size else _read_rest(fd, data)), info
     finally:
         os.close(fd)
 
@@ -89,12 +90,15 @@ def read_in(dir_fd: int, name: str) -> tuple[bytes, os.stat_result]:
 def _read_sized(fd: int, info: os.stat_result) -> bytes:
     """All bytes of `fd`, in one read() when the size fstat gave is the size there is."""
     data = os.read(fd, info.st_size + 1)  # one byte more: a file that grew shows it
-    if len(data) != info.st_size:  # a short read, or the file changed: read to EOF
-        chunks = [data]
-        while chunk := os.read(fd, _CHUNK):
-            chunks.append(chunk)
-        data = b"".join(chunks)
-    return data
+    return data if len(data) == info.st_size else _read_rest(fd, data)
+
+
+def _read_rest(fd: int, data: bytes) -> bytes:
+    """`data` and the rest of `fd` to its end (a short read, or a file that changed)."""
+    chunks = [data]
+    while chunk := os.read(fd, _CHUNK):
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def read_regular(path: str) -> bytes:

@@ -1104,6 +1104,30 @@ def test_missing_slot_and_object_is_a_slot_gap(
     assert "[2]" in finding.message
 
 
+def test_a_slot_named_with_the_largest_sequence_is_checked_without_counting_to_it(
+    world: World, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A copy of slot 1 named 9999999999999999: `slot-gap` (counted, the first ten listed)
+    and `seq-mismatch` there, found at once. fsck used to build the set of every missing
+    number, and never finished."""
+    last = "9" * 16
+    shutil.copyfile(world.slot("plain/1", 1), world.slot("plain/1", 1).with_name(last))
+    chain = f"tasks/{encode_task_id('plain/1')}/chain"
+    head = len(world.snaps["plain/1"])
+    findings = check(
+        capsys,
+        world.root,
+        [
+            ("slot-gap", ERROR, chain, None, "plain/1"),
+            ("seq-mismatch", ERROR, f"{chain}/{last}", world.snaps["plain/1"][1], "plain/1"),
+        ],
+        cascade=("slot-not-published",),
+    )
+    [gap] = [f for f in findings if f.code == "slot-gap"]
+    listed = ", ".join(str(seq) for seq in range(head, head + 10))
+    assert f"missing slots [{listed}, ...] ({10**16 - 1 - head} in all)" == gap.message
+
+
 def test_chain_ending_at_another_tasks_root(
     world: World, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -1591,14 +1615,14 @@ def test_with_other_threads_running_fsck_works_in_its_own_process(
     alone = [row(f) for f in check_store(world.root, jobs=1)]
 
     def no_pool(*_: object, **__: object) -> None:
-        raise AssertionError("a process pool was started")
+        raise AssertionError("worker processes were started")
 
     stop = threading.Event()
     other = threading.Thread(target=stop.wait, daemon=True)
     other.start()
     try:
         with forced_pool():
-            monkeypatch.setattr(castore.fsck.workers, "ProcessPoolExecutor", no_pool)
+            monkeypatch.setattr(castore.fsck.workers, "ForkedMap", no_pool)
             pooled = [row(f) for f in check_store(world.root, jobs=2)]
     finally:
         stop.set()
@@ -1639,15 +1663,15 @@ def test_direct_checks_use_workers_even_with_few_tasks(
         put_raw(world.store, codec.frame("blob", codec.encode_value({"n": number})))
     alone = [row(f) for f in check_store(world.root, jobs=1)]
     started: list[int] = []
-    real = castore.fsck.workers.ProcessPoolExecutor
+    real = castore.fsck.workers.ForkedMap
 
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        started.append(kwargs["max_workers"])
-        return real(*args, **kwargs)
+    def spy(function: Any, units: Any, jobs: int) -> Any:
+        started.append(jobs)
+        return real(function, units, jobs)
 
     monkeypatch.setattr(castore.fsck.workers, "PARALLEL_OBJECTS", 10)
     monkeypatch.setattr(castore.fsck.workers, "BATCH", 7)
-    monkeypatch.setattr(castore.fsck.workers, "ProcessPoolExecutor", spy)
+    monkeypatch.setattr(castore.fsck.workers, "ForkedMap", spy)
     assert 3 < castore.fsck.workers.PARALLEL_TASKS  # the world has 3 tasks: no task pool
     pooled = [row(f) for f in check_store(world.root, jobs=2)]
     assert [2] == started

@@ -135,7 +135,7 @@ def _check(
         # What no readable slot covered: objects no chain reaches, plans and blobs named only
         # in damaged chains, snapshot objects whose slot is a copy. With --task, only what
         # that task names.
-        wanted = None if task is None else coverage.referenced
+        wanted = None if task is None else coverage.refers_to()
         coverage.add_reports(pool.objects(root, coverage.unchecked(wanted)))
         if progress:
             progress(coverage.checked, coverage.checked)  # done: the last call, done == total
@@ -148,7 +148,7 @@ def _check(
     # With a chain that cannot be read, what it names is unknown: nothing is called
     # unreachable (gc keeps every object then, too).
     if task is None and not unreadable:
-        for object_id in sorted(inventory.inodes.keys() - coverage.referenced):
+        for object_id in sorted(inventory.inodes.keys() - coverage.referenced - coverage.clean):
             relpath = object_relpath(object_id)
             yield Finding("unreachable-object", relpath, "no task refers to it", object_id)
 

@@ -4,6 +4,8 @@ that only the whole listing of objects/ can make (is this slot its object, or a 
 
 from __future__ import annotations
 
+import operator
+from array import array
 from collections.abc import Iterable, Iterator
 
 from castore.fsck.findings import Finding
@@ -21,26 +23,48 @@ class Coverage:
         self.inventory = inventory
         self.reports: dict[str, ObjectReport] = {}  # objects checked, with what they found
         self.clean: set[str] = set()  # snapshot objects checked through a clean slot
+        # What chains refer to, besides the objects in self.clean (every one of which some
+        # chain refers to): see refers_to.
         self.referenced: set[str] = set()
         self._copies: list[tuple[str, str, int, str]] = []  # (name, task id, seq, object id)
 
     def add_task(self, result: TaskResult) -> Iterator[Finding]:
         """Take one task's slots and named objects; yield, in slot order, what its slots say
         of objects/."""
-        inodes = self.inventory.inodes
         self.referenced |= result.refs
-        clean = result.clean_slots()  # snapshot id -> (seq, inode)
-        self.referenced.update(clean)
-        # The common case in one set operation: every clean slot is its object, listed.
-        same = {i for i, _ in {i: ino for i, (_, ino) in clean.items()}.items() & inodes.items()}
-        self.clean |= same
-        odd: list[tuple[int, str, str]] = []  # (seq, snapshot id, what to say), any order
-        for snapshot_id, (seq, _) in clean.items() if len(same) < len(clean) else ():
-            if snapshot_id not in same:
-                odd.append((seq, snapshot_id, _UNPUBLISHED if snapshot_id not in inodes else ""))
+        odd = self._clean_slots(result) + self._slots(result)
+        for seq, snapshot_id, what in sorted(odd):
+            if what:
+                yield _slot_finding(result.name, result.task_id, seq, snapshot_id, what)
+            else:  # a copy of the object's bytes: judged once the object itself is checked
+                self._copies.append((result.name, result.task_id, seq, snapshot_id))
+        self.clean.update(self.inventory.inodes.keys() & result.named_clean)
+        self.add_reports(result.named)
+
+    def _clean_slots(self, result: TaskResult) -> list[tuple[int, str, str]]:
+        """The clean slots that are not their object: (seq, snapshot id, what to say)."""
+        inodes, ids = self.inventory.inodes, result.clean_ids
+        # The common case in one pass: every clean slot is its object, listed.
+        if all(map(operator.eq, map(inodes.get, ids), array("Q", result.clean_inodes))):
+            self.clean.update(ids)
+            return []
+        self.referenced.update(ids)
+        odd = []
+        for seq, snapshot_id, slot_inode in result.clean_slots():
+            inode = inodes.get(snapshot_id)
+            if inode == slot_inode:
+                self.clean.add(snapshot_id)
+            else:
+                odd.append((seq, snapshot_id, _UNPUBLISHED if inode is None else ""))
+        return odd
+
+    def _slots(self, result: TaskResult) -> list[tuple[int, str, str]]:
+        """The slots with findings of their own: their reports are their objects' (if they
+        are their objects), and what to say of the others."""
+        odd = []
         for slot in result.slots:
             self.referenced.add(slot.snapshot_id)
-            inode = inodes.get(slot.snapshot_id)
+            inode = self.inventory.inodes.get(slot.snapshot_id)
             if inode == slot.inode:  # the slot is the object: its report is the object's
                 if slot.snapshot_id not in self.reports:
                     path = object_relpath(slot.snapshot_id)
@@ -51,17 +75,16 @@ class Coverage:
                     odd.append((slot.seq, slot.snapshot_id, _DAMAGED))
             else:
                 odd.append((slot.seq, slot.snapshot_id, _UNPUBLISHED if inode is None else ""))
-        for seq, snapshot_id, what in sorted(odd):
-            if what:
-                yield _slot_finding(result.name, result.task_id, seq, snapshot_id, what)
-            else:  # a copy of the object's bytes: judged once the object itself is checked
-                self._copies.append((result.name, result.task_id, seq, snapshot_id))
-        self.add_reports(result.named.values())
+        return odd
 
     def add_reports(self, reports: Iterable[ObjectReport]) -> None:
         for report in reports:
             if report.object_id in self.inventory.inodes:
                 self.reports.setdefault(report.object_id, report)
+
+    def refers_to(self) -> set[str]:
+        """Every object id some chain refers to."""
+        return self.referenced | self.clean
 
     @property
     def checked(self) -> int:
@@ -70,13 +93,8 @@ class Coverage:
 
     def unchecked(self, wanted: set[str] | None) -> list[tuple[str, str]]:
         """(path, id) of every object (of `wanted`, if given) that has no report yet."""
-        return sorted(
-            (object_relpath(object_id), object_id)
-            for object_id in self.inventory.inodes
-            if object_id not in self.reports
-            and object_id not in self.clean
-            and (wanted is None or object_id in wanted)
-        )
+        left = self.inventory.inodes.keys() - self.clean - self.reports.keys()
+        return [(object_relpath(i), i) for i in sorted(left if wanted is None else left & wanted)]
 
     def slot_findings(self) -> Iterator[Finding]:
         """Slots that are copies of a damaged object say so (once every report is in)."""

@@ -59,32 +59,53 @@ def canonical_bytes(value: Any) -> bytes:
 
 def check_object(root: str, relpath: str, object_id: str) -> ObjectReport:
     """Check the object file at `relpath` (under `root`) named `object_id`."""
-    path = os.path.join(root, relpath)
-    found: list[Finding] = []
-
-    def report(code: str, message: str) -> ObjectReport:
-        found.append(Finding(code, relpath, message, object_id))
-        return ObjectReport(object_id, relpath, None, tuple(found))
-
-    try:
-        data, info = read_with_stat(path)
-    except FileNotFoundError:
-        vanished = report("read-error", "the file vanished while fsck ran")
-        return attrs.evolve(vanished, missing=True)
-    except UnsafeFileError as exc:
-        return report("unsafe-file", f"a {exc.found} where an object belongs")
-    except OSError as exc:
-        return report(
-            "read-error", f"{errno.errorcode.get(exc.errno or 0, exc.errno)}: {exc.strerror}"
-        )
-    return check_data(relpath, object_id, data, info, found)
+    read = _read_object(root, relpath, object_id)
+    return read if isinstance(read, ObjectReport) else check_data(relpath, object_id, *read)
 
 
 def check_named(root: str, object_id: str) -> ObjectReport | None:
     """Check the object a record names, by id (a valid one: it becomes a path); None if
     there is no such object file."""
-    report = check_object(root, object_relpath(object_id), object_id)
-    return None if report.missing else report
+    relpath = object_relpath(object_id)
+    read = _read_object(root, relpath, object_id)
+    if isinstance(read, ObjectReport):
+        return None if read.missing else read
+    data, info = read
+    return _intact_blob(relpath, object_id, data, info) or check_data(
+        relpath, object_id, data, info
+    )
+
+
+def _read_object(
+    root: str, relpath: str, object_id: str
+) -> tuple[bytes, os.stat_result] | ObjectReport:
+    """The bytes and status of an object file, or the report of why they cannot be read."""
+    try:
+        return read_with_stat(os.path.join(root, relpath))
+    except FileNotFoundError:
+        found = Finding("read-error", relpath, "the file vanished while fsck ran", object_id)
+        return ObjectReport(object_id, relpath, None, (found,), missing=True)
+    except UnsafeFileError as exc:
+        found = Finding("unsafe-file", relpath, f"a {exc.found} where an object belongs", object_id)
+        return ObjectReport(object_id, relpath, None, (found,))
+    except OSError as exc:
+        message = f"{errno.errorcode.get(exc.errno or 0, exc.errno)}: {exc.strerror}"
+        return ObjectReport(
+            object_id, relpath, None, (Finding("read-error", relpath, message, object_id),)
+        )
+
+
+def _intact_blob(
+    relpath: str, object_id: str, data: bytes, info: os.stat_result
+) -> ObjectReport | None:
+    """The report of a blob with nothing to report, in few calls (most objects chains name
+    are result blobs); None when in any doubt: check_data then says what there is."""
+    if info.st_mode & 0o222 or info.st_nlink > 1:  # writable, or hard-linked
+        return None
+    body = codec.intact_body(data, "blob")
+    if body is None or decode_canonical_value(body) is None or hash_bytes(data) != object_id:
+        return None
+    return ObjectReport(object_id, relpath, "blob")
 
 
 def check_data(

@@ -5,15 +5,17 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import re
 import stat
 
 import attrs
 
 from castore import codec
+from castore.codec import intact_body
 from castore.digest import hash_bytes
 from castore.effects import ALLOWED
 from castore.errors import CastoreError
-from castore.fastdecode import canonical_decoder, decode_canonical
+from castore.fastdecode import canonical_view, decode_canonical
 from castore.fsck.findings import Finding
 from castore.fsck.named import NamedObjects, PlanShape
 from castore.fsck.objects import check_data, read_with_stat
@@ -22,6 +24,7 @@ from castore.fsio import file_kind, open_directory, read_in
 from castore.layout import (
     CHAIN_DIR,
     LOCK_NAME,
+    SEQ_WIDTH,
     TASKS_DIR,
     object_relpath,
     parse_slot_name,
@@ -45,6 +48,7 @@ class SlotCheck:
 
 
 _FILE_TYPE_AND_WRITE_BITS = stat.S_IFMT(0o177777) | 0o222
+_SLOT_NAMES = re.compile(f"(?:[0-9]{{{SEQ_WIDTH}}}\n)*")  # lines of slot names
 
 
 class TaskCheck:
@@ -73,7 +77,10 @@ class TaskCheck:
         self.unreadable = False  # a slot that could not be read or decoded
         self.found: list[Finding] = []
         self.slots: list[SlotCheck] = []  # slots with something to report, or in doubt
-        self.clean: list[tuple[int, str, int]] = []  # (seq, snapshot id, inode) of the others
+        # The other slots, clean: three columns (cheaper to send than a tuple per slot)
+        self.clean_seqs: list[int] = []
+        self.clean_ids: list[str] = []  # their snapshot ids
+        self.clean_inodes: list[int] = []
         self._plan_id: str | None = None  # the plan of the last clean slot, and its shape
         self._plan: PlanShape | None = None
 
@@ -99,11 +106,13 @@ class TaskCheck:
         if not slots:
             self.add("no-chain", f"{self.rel}/{CHAIN_DIR}", "no slot 0")
             return self.found
-        head = max(slots)
-        gaps = sorted(set(range(head + 1)) - set(slots))
-        if gaps:
-            self.add("slot-gap", f"{self.rel}/{CHAIN_DIR}", f"missing slots {gaps[:10]}")
-        self._walk(chain_dir, head, set(slots))
+        present = sorted(slots)
+        missing, first_missing = _gaps(present)
+        if missing:
+            listed = ", ".join(map(str, first_missing)) + (", ..." if missing > 10 else "")
+            message = f"missing slots [{listed}] ({missing} in all)"
+            self.add("slot-gap", f"{self.rel}/{CHAIN_DIR}", message)
+        self._walk(chain_dir, present, slots)
         return self.found
 
     def _directory_entries(self, directory: str) -> None:
@@ -118,33 +127,46 @@ class TaskCheck:
             elif entry.name != CHAIN_DIR and not entry.name.startswith(".filelock"):
                 self.add("unknown-file", relpath, "not part of a task directory")
 
-    def _slots(self, chain_dir: str) -> list[int]:
-        slots: list[int] = []
-        for entry in os.scandir(chain_dir):
-            seq = parse_slot_name(entry.name)
+    def _slots(self, chain_dir: str) -> dict[int, str]:
+        """seq -> file name of every slot; anything else in the chain directory is reported."""
+        names = sorted(os.listdir(chain_dir))
+        # The common case in one regex call: every name is a slot name (one line each: a name
+        # with a newline in it would make more lines than names), and they are 0 to n - 1.
+        joined = "\n".join(names) + "\n" if names else ""
+        if len(joined) == (SEQ_WIDTH + 1) * len(names) and _SLOT_NAMES.fullmatch(joined):
+            if names and names[-1] == slot_name(len(names) - 1):  # distinct: every seq is there
+                return dict(enumerate(names))
+            return dict(zip(map(int, names), names, strict=True))
+        slots: dict[int, str] = {}
+        for name in names:
+            seq = parse_slot_name(name)
             if seq is not None:
-                slots.append(seq)
+                slots[seq] = name
                 continue
-            relpath = f"{self.rel}/{CHAIN_DIR}/{entry.name}"
-            if parse_temp_name(entry.name):
+            relpath = f"{self.rel}/{CHAIN_DIR}/{name}"
+            if parse_temp_name(name):
                 self.found.append(attrs.evolve(temp_finding(self.root, relpath), task=self.task_id))
             else:
                 self.add("stray-file", relpath, "not a chain slot")
         return slots
 
-    def _walk(self, chain_dir: str, head: int, present: set[int]) -> None:
+    def _walk(self, chain_dir: str, present: list[int], names: dict[int, str]) -> None:
+        """Check the slots `present` (in order); a slot after a gap has no previous link."""
         previous: tuple[str, Snapshot] | None = None
+        previous_seq, head = -1, present[-1]
         try:
             dir_fd = open_directory(chain_dir)
         except OSError:
             dir_fd = -1  # every slot then takes the full check, which reports why
         try:
-            for seq in range(head + 1):
-                if seq not in present:
+            for seq in present:
+                if previous is not None and seq != previous_seq + 1:
                     previous = None
-                    continue
-                name = slot_name(seq)
-                loaded = self._clean_slot(dir_fd, name, seq, previous) if dir_fd >= 0 else None
+                previous_seq = seq
+                name = names[seq]
+                loaded = None
+                if dir_fd >= 0 and (previous is not None or seq == 0):
+                    loaded = self._clean_slot(dir_fd, name, seq, previous)
                 if loaded is None:  # something to report: the full check says what
                     relpath = self._slot_relpath(seq)
                     loaded = self._load_slot(f"{chain_dir}/{name}", seq, relpath)
@@ -169,18 +191,16 @@ class TaskCheck:
         on it, else None: fsck's hot path, for the slots with nothing to report (so: few
         calls, no findings). It decides nothing the full check would not; on any doubt the
         full check runs from scratch."""
-        if previous is None and seq != 0:
-            return None
         try:
             data, info = read_in(dir_fd, name)  # an I/O error: the full check retries
-            kind, body = codec.unframe(data)
-        except (CastoreError, OSError, ValueError):
+        except (CastoreError, OSError):
             return None
         # check_data's findings: not a regular file, writable, an extra hard link, or a body
         # that is not a canonical snapshot.
         if info.st_mode & _FILE_TYPE_AND_WRITE_BITS != stat.S_IFREG or info.st_nlink > 2:
             return None
-        snapshot = _decode_clean_snapshot(body) if kind == "snapshot" else None
+        body = intact_body(data, "snapshot")
+        snapshot = _decode_clean_snapshot(body) if body is not None else None
         if snapshot is None or not self._fits_chain(seq, snapshot, previous):
             return None
         result_ref = snapshot.transition.result_ref
@@ -189,45 +209,34 @@ class TaskCheck:
             if blob is None or blob.kind != "blob":
                 return None
             self.refs.add(result_ref)
+        # Its own id and its parent's (a slot of this chain) need no entry in self.refs:
+        # the caller adds every slot's id to what the chain refers to.
         snapshot_id = hash_bytes(data)
-        self.refs.add(snapshot_id)
-        self.refs.add(snapshot.plan)
-        if previous is not None:
-            self.refs.add(previous[0])  # the parent, as _check_entry records it
-        self.clean.append((seq, snapshot_id, info.st_ino))
+        self.clean_seqs.append(seq)
+        self.clean_ids.append(snapshot_id)
+        self.clean_inodes.append(info.st_ino)
         return snapshot_id, snapshot
 
     def _fits_chain(
         self, seq: int, snapshot: Snapshot, previous: tuple[str, Snapshot] | None
     ) -> bool:
         """_check_entry and _check_frontier would find nothing to say of `snapshot`."""
-        transition = snapshot.transition
-        if (
-            snapshot.seq != seq
-            or snapshot.task != self.task_id
-            or (transition.kind is TransitionKind.START) != (seq == 0)
-        ):
+        if snapshot.seq != seq or snapshot.task != self.task_id:
             return False
-        if previous is None:
-            if snapshot.parent is not None:
-                return False
-        else:
-            parent = previous[1]
-            if snapshot.parent != previous[0] or snapshot.plan != parent.plan:
-                return False
-            if (
-                parent.effects or snapshot.effects or transition.kind in _MOVES_AN_EFFECT
-            ) and effect_changes(parent, snapshot):
-                return False
+        if not _links_cleanly(snapshot, previous):
+            return False
         if snapshot.plan != self._plan_id:  # plans rarely change along a chain: keep the last
             self._plan_id, self._plan = snapshot.plan, self.named.plan_shape(snapshot.plan)
-        plan, index = self._plan, snapshot.frontier.index
-        if plan is None or not 0 <= index <= len(plan.steps):
+            self.refs.add(snapshot.plan)
+        plan = self._plan
+        if plan is None:
             return False
-        expected = plan.steps[index] if index < len(plan.steps) else None
-        return snapshot.frontier.step == expected and all(
-            record.step in plan.effects for record in snapshot.effects
+        steps, index, step = plan.steps, snapshot.frontier.index, snapshot.frontier.step
+        fits = (0 <= index < len(steps) and step == steps[index]) or (
+            index == len(steps) and step is None
         )
+        effects = snapshot.effects
+        return fits and (not effects or all(record.step in plan.effects for record in effects))
 
     def _load_slot(self, path: str, seq: int, relpath: str) -> tuple[str, Snapshot] | None:
         try:
@@ -340,7 +349,9 @@ class TaskCheck:
                 self.add("effect-stuck", relpath, message, snapshot_id)
 
 
-_decode_clean_snapshot = canonical_decoder(Snapshot)
+# A view, not a Snapshot (see canonical_view): the clean path and the chain checks only
+# read its attributes, and never keep it beyond this task.
+_decode_clean_snapshot = canonical_view(Snapshot)
 
 
 def _named_anyway(data: bytes) -> list[str]:
@@ -360,6 +371,37 @@ def _decode_snapshot(data: bytes, where: str) -> Snapshot:
 
 
 _MOVES_AN_EFFECT = (TransitionKind.EFFECT, TransitionKind.RESOLVE)
+
+
+def _gaps(present: list[int]) -> tuple[int, list[int]]:
+    """How many sequence numbers below the last of `present` (sorted) are missing, and the
+    first ten of them (counted, never listed: a slot named 9999999999999999 is a gap of
+    ten quadrillion)."""
+    missing, expected = 0, 0
+    first: list[int] = []
+    for seq in present:
+        if seq > expected:
+            missing += seq - expected
+            first.extend(range(expected, min(seq, expected + 10 - len(first))))
+        expected = seq + 1
+    return missing, first
+
+
+def _links_cleanly(snapshot: Snapshot, previous: tuple[str, Snapshot] | None) -> bool:
+    """`snapshot` follows `previous` (id, snapshot) as _check_entry wants: the root starts
+    the task, every other names its parent, keeps its plan and moves effects legally."""
+    transition = snapshot.transition
+    if previous is None:
+        return snapshot.parent is None and transition.kind is TransitionKind.START
+    parent_id, parent = previous
+    if (
+        transition.kind is TransitionKind.START
+        or snapshot.parent != parent_id
+        or snapshot.plan != parent.plan
+    ):
+        return False
+    moves = parent.effects or snapshot.effects or transition.kind in _MOVES_AN_EFFECT
+    return not (moves and effect_changes(parent, snapshot))
 
 
 def effect_changes(parent: Snapshot, child: Snapshot) -> list[str]:

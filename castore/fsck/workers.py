@@ -1,17 +1,19 @@
-"""fsck's units of work, and the pool of worker processes that runs them: batches of tasks
-(the task pass), then batches of objects no chain covered (the direct checks)."""
+"""fsck's units of work, and the worker processes that run them: batches of tasks (the task
+pass), then batches of objects no chain covered (the direct checks)."""
 
 from __future__ import annotations
 
-import multiprocessing
+import functools
 import threading
 from array import array
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
+from itertools import islice
+from typing import Any
 
 import attrs
 
 from castore.fsck.findings import Finding
+from castore.fsck.forked import ForkedMap
 from castore.fsck.named import NamedObjects
 from castore.fsck.objects import ObjectReport, check_object
 from castore.fsck.tasks import SlotCheck, TaskCheck
@@ -22,7 +24,7 @@ PARALLEL_TASKS = 8  # below this a process pool costs more than it saves
 
 @attrs.frozen
 class TaskContext:
-    """What every task check needs besides the tasks (small: sent with every batch)."""
+    """What every task check needs besides the tasks."""
 
     root: str
     now_ms: int
@@ -35,37 +37,29 @@ class TaskResult:
     task_id: str
     findings: tuple[Finding, ...]
     slots: tuple[SlotCheck, ...]  # slots with something to report
-    # The clean slots, packed (20,000 tuples would cost more to pickle than to check):
-    clean_ids: bytes  # their snapshot ids, 32 raw bytes each
+    # The clean slots, in slot order, as columns (20,000 tuples would cost more to pickle
+    # than to check):
+    clean_ids: tuple[str, ...]  # their snapshot ids
     clean_seqs: bytes  # array("q") of their sequence numbers
     clean_inodes: bytes  # array("Q") of their inode numbers
     refs: frozenset[str]  # ids the chain names besides its own slots' snapshots
-    named: dict[str, ObjectReport]  # the plans and blobs it named, checked (records dropped)
+    # The plans and blobs it named that no earlier result of its worker carried, checked:
+    named_clean: tuple[str, ...]  # ids of those with nothing to report
+    named: tuple[ObjectReport, ...]  # the others (records dropped)
     unreadable: bool
 
-    def clean_slots(self) -> dict[str, tuple[int, int]]:
-        """snapshot id -> (seq, inode) of each clean slot."""
-        ids = self.clean_ids.hex()
-        return dict(
-            zip(
-                [ids[start : start + 64] for start in range(0, len(ids), 64)],
-                zip(array("q", self.clean_seqs), array("Q", self.clean_inodes), strict=True),
-                strict=True,
-            )
-        )
-
-    @staticmethod
-    def pack(clean: list[tuple[int, str, int]]) -> tuple[bytes, bytes, bytes]:
-        """The three packed fields of `clean`, (seq, snapshot id, inode) tuples."""
-        ids = bytes.fromhex("".join(snapshot_id for _, snapshot_id, _ in clean))
-        seqs = array("q", [seq for seq, _, _ in clean]).tobytes()
-        return ids, seqs, array("Q", [inode for _, _, inode in clean]).tobytes()
+    def clean_slots(self) -> Iterator[tuple[int, str, int]]:
+        """(seq, snapshot id, inode) of each clean slot."""
+        seqs, inodes = array("q", self.clean_seqs), array("Q", self.clean_inodes)
+        return zip(seqs, self.clean_ids, inodes, strict=True)
 
 
-def check_tasks(context: TaskContext, named: list[tuple[str, str]]) -> list[TaskResult]:
-    """Check some tasks (a unit of work for a worker process, or the whole job serially)."""
-    objects = NamedObjects(context.root)
-    results = []
+def check_tasks(
+    context: TaskContext, named: list[tuple[str, str]], objects: NamedObjects
+) -> Iterator[TaskResult]:
+    """Check some tasks, one result each; `objects` may have served earlier tasks (each
+    result carries the named objects checked since the previous one)."""
+    reported = len(objects.reports)
     for name, task_id in named:
         check = TaskCheck(
             context.root,
@@ -77,23 +71,30 @@ def check_tasks(context: TaskContext, named: list[tuple[str, str]]) -> list[Task
         )
         findings = tuple(check.run())
         own = {slot.snapshot_id for slot in check.slots}
-        own.update(snapshot_id for _, snapshot_id, _ in check.clean)
-        results.append(
-            TaskResult(
-                name,
-                task_id,
-                findings,
-                tuple(check.slots),
-                *TaskResult.pack(check.clean),
-                frozenset(check.refs - own),
-                {},
-                check.unreadable,
-            )
+        own.update(check.clean_ids)
+        new = [r for r in islice(objects.reports.values(), reported, None) if r is not None]
+        reported = len(objects.reports)
+        yield TaskResult(
+            name,
+            task_id,
+            findings,
+            tuple(check.slots),
+            tuple(check.clean_ids),
+            array("q", check.clean_seqs).tobytes(),
+            array("Q", check.clean_inodes).tobytes(),
+            frozenset(check.refs - own),
+            tuple(r.object_id for r in new if not r.findings),
+            tuple(attrs.evolve(r, record=None) for r in new if r.findings),
+            check.unreadable,
         )
-    if results:  # the named objects of the whole batch travel once, with its last task
-        reports = {i: attrs.evolve(r, record=None) for i, r in objects.reports.items() if r}
-        results[-1] = attrs.evolve(results[-1], named=reports)
-    return results
+
+
+def _check_task_batch(
+    context: TaskContext, objects: NamedObjects, batch: list[tuple[str, str]]
+) -> list[TaskResult]:
+    """A worker's unit of work. `objects` is the worker's own copy (made by fork) and serves
+    all of its units: a plan shared by every task is read once per worker."""
+    return list(check_tasks(context, batch, objects))
 
 
 class Workers:
@@ -102,40 +103,41 @@ class Workers:
 
     def __init__(self, jobs: int) -> None:
         self._jobs = jobs
-        self._pool: ProcessPoolExecutor | None = None
+        self._maps: list[ForkedMap[Any, Any]] = []
 
     def __enter__(self) -> Workers:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(cancel_futures=True)
+        for forked in self._maps:
+            forked.close()
 
     def tasks(self, context: TaskContext, named: list[tuple[str, str]]) -> Iterator[TaskResult]:
-        """Results in task order; with a pool, the work has started when this returns."""
-        pool = self._started(len(named) >= PARALLEL_TASKS)
-        if pool is None:
-            return (result for one in named for result in check_tasks(context, [one]))
+        """Results in task order; with workers, the work has started when this returns."""
+        objects = NamedObjects(context.root)
+        if not self._worth_forking(len(named) >= PARALLEL_TASKS):
+            return check_tasks(context, named, objects)
         size = max(1, len(named) // (self._jobs * 16))  # small: workers finish together
         batches = [named[i : i + size] for i in range(0, len(named), size)]
-        futures = [pool.submit(check_tasks, context, batch) for batch in batches]
-        return (result for future in futures for result in future.result())
+        work = functools.partial(_check_task_batch, context, objects)
+        forked = self._started(ForkedMap(work, batches, self._jobs))
+        return (result for batch in forked for result in batch)
 
     def objects(self, root: str, items: list[tuple[str, str]]) -> Iterator[ObjectReport]:
         """Reports of the objects at `items` (path, id), in that order."""
-        pool = self._started(len(items) >= PARALLEL_OBJECTS)
-        if pool is None:
+        if not self._worth_forking(len(items) >= PARALLEL_OBJECTS):
             return iter(check_batch(root, items))
         batches = [items[i : i + BATCH] for i in range(0, len(items), BATCH)]
-        chunks = pool.map(check_batch, [root] * len(batches), batches)
-        return (report for chunk in chunks for report in chunk)
+        work = functools.partial(check_batch, root)
+        forked = self._started(ForkedMap(work, batches, self._jobs))
+        return (report for batch in forked for report in batch)
 
-    def _started(self, worth_it: bool) -> ProcessPoolExecutor | None:
-        """The pool (started now if need be), or None: work in this process."""
-        if self._pool is None and worth_it and self._jobs > 1 and _may_fork():
-            fork = multiprocessing.get_context("fork")
-            self._pool = ProcessPoolExecutor(max_workers=self._jobs, mp_context=fork)
-        return self._pool
+    def _worth_forking(self, enough_work: bool) -> bool:
+        return enough_work and self._jobs > 1 and _may_fork()
+
+    def _started(self, forked: ForkedMap[Any, Any]) -> ForkedMap[Any, Any]:
+        self._maps.append(forked)  # stopped on exit, however the caller leaves
+        return forked
 
 
 PARALLEL_OBJECTS = 200  # objects left to check directly; fewer are checked in this process

@@ -1,0 +1,129 @@
+"""A map over units of work in forked worker processes, with the results in unit order.
+
+Why not ProcessPoolExecutor: its fixed cost (a manager thread, a feeder thread per queue,
+every input pickled) measured 30 ms of CPU and 20 ms of wall time for no work at all on
+this project's 2-core machine: a tenth of an fsck of 22,000 objects. Here each worker
+inherits the units through fork, takes the next unit from a shared counter (so a slow unit
+delays no other worker) and sends each result back through its own pipe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import multiprocessing
+import signal
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from multiprocessing.connection import Connection, wait
+from multiprocessing.sharedctypes import Synchronized
+from typing import Generic, TypeAlias, TypeVar, cast
+
+from castore.errors import CastoreError
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+# What a worker sends for each unit: (index, None, result), or (index, traceback, None).
+_Message: TypeAlias = tuple[int, str | None, R | None]
+
+# A worker never waits for the parent to read (it lists objects/ meanwhile) while its pipe
+# holds this much; Linux allows it to any process (fs.pipe-max-size is 1 MiB by default).
+_PIPE_BYTES = 1 << 20
+
+
+class WorkerFailedError(CastoreError):
+    """A worker process died before it sent all of its results."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(
+            f"an fsck worker process failed: {detail}; run again, or with --jobs 1 to check "
+            "in one process"
+        )
+
+
+class ForkedMap(Generic[T, R]):
+    """`function(unit)` for every unit, computed by up to `jobs` forked processes that start
+    at once; iterate for the results in unit order. Use as a context manager: leaving it
+    stops whatever workers still run."""
+
+    def __init__(self, function: Callable[[T], R], units: Sequence[T], jobs: int) -> None:
+        fork = multiprocessing.get_context("fork")
+        self._count = len(units)
+        self._taken: Synchronized[int] = fork.Value("q", 0)
+        self._workers: list[tuple[multiprocessing.process.BaseProcess, Connection]] = []
+        for _ in range(max(1, min(jobs, len(units)))):
+            receiver, sender = fork.Pipe(duplex=False)
+            _widen(sender)
+            worker = fork.Process(
+                target=_work, args=(function, units, self._taken, sender), daemon=True
+            )
+            worker.start()
+            sender.close()  # the parent's copy: EOF comes when the worker's end closes
+            self._workers.append((worker, receiver))
+
+    def __enter__(self) -> ForkedMap[T, R]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __iter__(self) -> Iterator[R]:
+        arrived: dict[int, R] = {}
+        listening = [receiver for _, receiver in self._workers]
+        for index in range(self._count):
+            while index not in arrived:
+                if not listening:
+                    raise WorkerFailedError(self._why_short(index))
+                for receiver in cast(list[Connection], wait(listening)):
+                    try:
+                        message: _Message[R] = receiver.recv()
+                    except EOFError:
+                        listening.remove(receiver)
+                        continue
+                    number, failure, result = message
+                    if failure is not None:
+                        raise WorkerFailedError(failure)
+                    arrived[number] = cast(R, result)
+            yield arrived.pop(index)
+
+    def close(self) -> None:
+        """Stop the workers that still run (the results were not all wanted) and reap all."""
+        for worker, receiver in self._workers:
+            if worker.is_alive():
+                worker.terminate()
+            worker.join()
+            receiver.close()
+        self._workers = []
+
+    def _why_short(self, index: int) -> str:
+        codes = [worker.exitcode for worker, _ in self._workers]
+        return f"no result for unit {index} of {self._count}; exit statuses {codes}"
+
+
+def _work(
+    function: Callable[[T], R], units: Sequence[T], taken: Synchronized[int], sender: Connection
+) -> None:
+    """A worker's life: take the next unit, send its _Message, until none is left or one
+    failed."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    while True:
+        with taken.get_lock():
+            index = taken.value
+            taken.value = index + 1
+        if index >= len(units):
+            break
+        try:
+            sender.send((index, None, function(units[index])))
+        except BrokenPipeError:  # the parent stopped listening: nobody wants the rest
+            break
+        except Exception:  # noqa: BLE001 - its traceback goes to the parent, which raises
+            sender.send((index, traceback.format_exc(), None))
+            break
+    sender.close()
+
+
+def _widen(connection: Connection) -> None:
+    """Give the pipe room for a worker's results while the parent is busy elsewhere."""
+    with contextlib.suppress(OSError, AttributeError):  # only Linux has F_SETPIPE_SZ
+        fcntl.fcntl(connection.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
