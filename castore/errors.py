@@ -29,10 +29,11 @@
     │   ├── KeylessEffectError                   an in-flight effect without idempotency key
     │   └── MalformedFrontierError               frontier out of range, unknown step or version
     │       └── UnknownVersionError (also FormatVersionError)
-    └── EffectError
-        ├── IllegalTransitionError               a state change PROTOCOL.md does not allow
-        ├── EffectNotReadyError                  the effect's next action is not what was asked
-        └── OutcomeUnknownError                  the effect is UNRESOLVED: a person must decide
+    ├── EffectError
+    │   ├── IllegalTransitionError               a state change PROTOCOL.md does not allow
+    │   ├── EffectNotReadyError                  the effect's next action is not what was asked
+    │   └── OutcomeUnknownError                  the effect is UNRESOLVED: a person must decide
+    └── WorkerFailedError                        an fsck worker process died before its results
 
 Every message says what to do next. Structured fields (`path`, `task`, `expected`,
 `actual`, ...) let callers act without parsing text.
@@ -415,4 +416,15 @@ class OutcomeUnknownError(EffectError):
             f"task {task_id!r}: the outcome of effect {step!r} (key {key}) is unknown; castore "
             f"will not resend it. Check the service, then run `castore resolve {task_id} {step} "
             "--confirmed RECEIPT` or `--not-done --reason TEXT`"
+        )
+
+
+class WorkerFailedError(CastoreError):
+    """A worker process of fsck died, or failed, before it sent all of its results."""
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+        super().__init__(
+            f"an fsck worker process failed: {detail}; run fsck again, or with --jobs 1 to "
+            "check in one process"
         )

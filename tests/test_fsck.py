@@ -1587,6 +1587,15 @@ def test_task_option_with_an_unknown_task_is_a_usage_error(
     assert err.startswith("castore: error: ")
 
 
+@pytest.mark.parametrize("jobs", ["0", "-1", "two"])
+def test_jobs_must_be_a_whole_number_of_at_least_one(
+    world: World, capsys: pytest.CaptureFixture[str], jobs: str
+) -> None:
+    code, out, err = cli(capsys, "fsck", world.root, "--jobs", jobs)
+    assert (2, "") == (code, out)
+    assert "--jobs" in err
+
+
 @pytest.mark.parametrize("kind", ["empty-dir", "missing", "not-castore", "future-version"])
 def test_fsck_of_a_non_store_exits_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str

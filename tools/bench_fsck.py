@@ -8,11 +8,12 @@ blob every --blob-every steps: 200 * 100 gives ≈ 22,000 objects. Then, interle
 round so that machine noise hits both alike, best of --rounds:
   floor  one thread: list the fan-out directories, open, read (os.open/os.read, unbuffered)
          and blake3 every object file (castore.digest.hash_bytes), nothing else;
-  fsck   castore.fsck.check_store with every finding consumed (--jobs worker processes,
-         default: the CPU count), and once more with jobs=1 for reference.
+  fsck   castore.fsck.check_store with every finding consumed (--jobs processes, this one
+         included; default: the CPU count), and once more with jobs=1 for reference.
 The last lines are key=value pairs; fsck_vs_floor is fsck's objects/s over the floor's, each
 the best of its rounds (the target is ≥ 0.8); the per-round median and range of the same
-ratio show how far machine noise moved it. --profile runs check_store(jobs=1) under cProfile and prints the top costs.
+ratio show how far machine noise moved it. --profile runs check_store(jobs=1) under cProfile
+and prints the top costs.
 """
 
 from __future__ import annotations

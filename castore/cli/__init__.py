@@ -70,6 +70,17 @@ def parse_duration_or_zero(text: str) -> float:
     return float(match.group(1)) * _UNITS[match.group(2)]
 
 
+def positive_int(text: str) -> int:
+    """A whole number of at least 1 (a count of processes, say)."""
+    try:
+        number = int(text)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of at least 1")
+    return number
+
+
 def exit_code_for(error: BaseException) -> int:
     """The documented exit status for a castore error."""
     for cls, code in _EXIT_BY_ERROR:

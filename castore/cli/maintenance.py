@@ -12,6 +12,7 @@ from castore.cli import (
     add_path_argument,
     parse_duration,
     parse_duration_or_zero,
+    positive_int,
     store_path,
 )
 from castore.fsck import Finding, Summary, check_store
@@ -114,7 +115,12 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="DURATION",
         help="warn about effects SUBMITTED longer than this (default 1h)",
     )
-    fsck.add_argument("--jobs", type=int, default=None, help="worker processes (default: CPUs)")
+    fsck.add_argument(
+        "--jobs",
+        type=positive_int,
+        default=None,
+        help="processes checking at once, this one included (default: CPUs)",
+    )
     fsck.set_defaults(handler=cmd_fsck)
     gc = verbs.add_parser("gc", help="remove unreachable objects and old temp files")
     add_path_argument(gc)

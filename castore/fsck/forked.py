@@ -4,7 +4,8 @@ Why not ProcessPoolExecutor: its fixed cost (a manager thread, a feeder thread p
 every input pickled) measured 30 ms of CPU and 20 ms of wall time for no work at all on
 this project's 2-core machine: a tenth of an fsck of 22,000 objects. Here each worker
 inherits the units through fork, takes the next unit from a shared counter (so a slow unit
-delays no other worker) and sends each result back through its own pipe.
+delays no other worker) and sends each result back through its own pipe; the calling
+process takes units from the same counter while it has nothing else to do.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.sharedctypes import Synchronized
 from typing import Generic, TypeAlias, TypeVar, cast
 
-from castore.errors import CastoreError
+from castore.errors import WorkerFailedError
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -32,27 +33,18 @@ _Message: TypeAlias = tuple[int, str | None, R | None]
 _PIPE_BYTES = 1 << 20
 
 
-class WorkerFailedError(CastoreError):
-    """A worker process died before it sent all of its results."""
-
-    def __init__(self, detail: str) -> None:
-        super().__init__(
-            f"an fsck worker process failed: {detail}; run again, or with --jobs 1 to check "
-            "in one process"
-        )
-
-
 class ForkedMap(Generic[T, R]):
-    """`function(unit)` for every unit, computed by up to `jobs` forked processes that start
-    at once; iterate for the results in unit order. Use as a context manager: leaving it
-    stops whatever workers still run."""
+    """`function(unit)` for every unit, computed by `jobs` processes: `jobs - 1` forked ones
+    that start at once, and this one, which takes units too whenever it waits for a result
+    that has not come. Iterate for the results in unit order. Use as a context manager:
+    leaving it stops whatever workers still run."""
 
     def __init__(self, function: Callable[[T], R], units: Sequence[T], jobs: int) -> None:
         fork = multiprocessing.get_context("fork")
-        self._count = len(units)
+        self._function, self._units = function, units
         self._taken: Synchronized[int] = fork.Value("q", 0)
         self._workers: list[tuple[multiprocessing.process.BaseProcess, Connection]] = []
-        for _ in range(max(1, min(jobs, len(units)))):
+        for _ in range(min(jobs - 1, len(units))):
             receiver, sender = fork.Pipe(duplex=False)
             _widen(sender)
             worker = fork.Process(
@@ -71,11 +63,19 @@ class ForkedMap(Generic[T, R]):
     def __iter__(self) -> Iterator[R]:
         arrived: dict[int, R] = {}
         listening = [receiver for _, receiver in self._workers]
-        for index in range(self._count):
+        for index in range(len(self._units)):
             while index not in arrived:
-                if not listening:
-                    raise WorkerFailedError(self._why_short(index))
-                for receiver in cast(list[Connection], wait(listening)):
+                # What has come first; then a unit of our own; else wait for the workers.
+                ready = wait(listening, timeout=0) if listening else []
+                if not ready:
+                    mine = _take(self._taken, len(self._units))
+                    if mine is not None:
+                        arrived[mine] = self._function(self._units[mine])
+                        continue
+                    if not listening:
+                        raise WorkerFailedError(self._why_short(index))
+                    ready = wait(listening)
+                for receiver in cast(list[Connection], ready):
                     try:
                         message: _Message[R] = receiver.recv()
                     except EOFError:
@@ -97,8 +97,20 @@ class ForkedMap(Generic[T, R]):
         self._workers = []
 
     def _why_short(self, index: int) -> str:
+        for worker, _ in self._workers:
+            worker.join(timeout=5)  # its pipe is closed: it has ended, or is ending
         codes = [worker.exitcode for worker, _ in self._workers]
-        return f"no result for unit {index} of {self._count}; exit statuses {codes}"
+        return f"no result for unit {index} of {len(self._units)}; exit statuses {codes}"
+
+
+def _take(taken: Synchronized[int], count: int) -> int | None:
+    """The index of the next unit nobody has taken yet, now taken; None when all are."""
+    with taken.get_lock():
+        index = taken.value
+        if index >= count:
+            return None
+        taken.value = index + 1
+    return index
 
 
 def _work(
@@ -107,12 +119,7 @@ def _work(
     """A worker's life: take the next unit, send its _Message, until none is left or one
     failed."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    while True:
-        with taken.get_lock():
-            index = taken.value
-            taken.value = index + 1
-        if index >= len(units):
-            break
+    while (index := _take(taken, len(units))) is not None:
         try:
             sender.send((index, None, function(units[index])))
         except BrokenPipeError:  # the parent stopped listening: nobody wants the rest
