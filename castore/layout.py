@@ -108,6 +108,25 @@ def parse_slot_name(name: str) -> int | None:
     return int(name) if len(name) == 16 and name.isascii() and name.isdigit() else None
 
 
+def missing_seqs(present: list[int], through: int, shown: int = 10) -> tuple[int, list[int]]:
+    """How many of the sequence numbers 0 … `through` are not in `present` (sorted), and the
+    first `shown` of them. Counted, never listed: one slot named 9999999999999999 leaves ten
+    quadrillion out."""
+    missing, expected = 0, 0
+    first: list[int] = []
+    for seq in present:
+        if seq > through:
+            break
+        if seq > expected:
+            missing += seq - expected
+            first.extend(range(expected, min(seq, expected + shown - len(first))))
+        expected = seq + 1
+    if through >= expected:
+        missing += through + 1 - expected
+        first.extend(range(expected, min(through + 1, expected + shown - len(first))))
+    return missing, first
+
+
 def object_relpath(object_id: str) -> str:
     """Where object `object_id` lives, relative to the store root (its id is not checked)."""
     return f"{OBJECTS_DIR}/{object_id[:2]}/{object_id}"

@@ -16,7 +16,7 @@ from castore.errors import (
     TaskNotFoundError,
     UnknownVersionError,
 )
-from castore.layout import validate_object_id
+from castore.layout import missing_seqs, validate_object_id
 from castore.objects import ObjectStore
 from castore.records import Plan, Snapshot, TransitionKind
 from castore.refs import TaskSlots
@@ -181,18 +181,18 @@ def _verify(
 def _check_contiguous(slots: TaskSlots, head_seq: int) -> None:
     """Slots 0..HEAD, no gap, nothing beyond. HEAD lookup is a binary search that trusts this;
     a deleted middle slot would otherwise roll HEAD back and let a second successor commit."""
-    present = set(slots.present())
-    missing = sorted(set(range(head_seq + 1)) - present)
+    present = slots.present()  # sorted
+    count, missing = missing_seqs(present, head_seq, shown=5)
     beyond = max(present, default=0) > head_seq + 1
     # A commit racing this walk may add slots past HEAD (a listing may even show head+2
     # before head+1); only a slot still missing below a present one is damage.
-    if beyond and not missing and not slots.exists(head_seq + 1):
-        missing = [head_seq + 1]
-    if missing:
+    if beyond and not count and not slots.exists(head_seq + 1):
+        count, missing = 1, [head_seq + 1]
+    if count:
         raise ChainError(
             slots.task_id,
             f"chain slots are not contiguous: {len(present)} slots up to {max(present)}, "
-            f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}",
+            f"missing {missing}{'...' if count > 5 else ''}",
             slots.directory,
         )
 

@@ -130,6 +130,19 @@ def test_a_deleted_middle_snapshot_is_named(store: castore.Store, chain: dict[in
     assert victim in str(error)
 
 
+def test_slots_at_every_power_of_two_are_refused_without_counting_to_them(
+    store: castore.Store, chain: dict[int, str]
+) -> None:
+    """Copies of HEAD at 8, 16, … 2**50: the HEAD search lands on 2**50, and resume refuses
+    the gaps at once (it used to build the set of every number below HEAD, and never
+    finished)."""
+    for power in range(3, 51):
+        os.link(slot_path(store, HEAD_SEQ), slot_path(store, 2**power))
+    error = refuse_resume(store)
+    assert "not contiguous" in str(error)
+    assert "missing [5, 6, 7, 9, 10]..." in str(error)
+
+
 def test_another_valid_object_under_a_middle_name_is_named(
     store: castore.Store, chain: dict[int, str]
 ) -> None:

@@ -26,6 +26,7 @@ from castore.layout import (
     LOCK_NAME,
     SEQ_WIDTH,
     TASKS_DIR,
+    missing_seqs,
     object_relpath,
     parse_slot_name,
     parse_temp_name,
@@ -107,7 +108,7 @@ class TaskCheck:
             self.add("no-chain", f"{self.rel}/{CHAIN_DIR}", "no slot 0")
             return self.found
         present = sorted(slots)
-        missing, first_missing = _gaps(present)
+        missing, first_missing = missing_seqs(present, present[-1])
         if missing:
             listed = ", ".join(map(str, first_missing)) + (", ..." if missing > 10 else "")
             message = f"missing slots [{listed}] ({missing} in all)"
@@ -371,20 +372,6 @@ def _decode_snapshot(data: bytes, where: str) -> Snapshot:
 
 
 _MOVES_AN_EFFECT = (TransitionKind.EFFECT, TransitionKind.RESOLVE)
-
-
-def _gaps(present: list[int]) -> tuple[int, list[int]]:
-    """How many sequence numbers below the last of `present` (sorted) are missing, and the
-    first ten of them (counted, never listed: a slot named 9999999999999999 is a gap of
-    ten quadrillion)."""
-    missing, expected = 0, 0
-    first: list[int] = []
-    for seq in present:
-        if seq > expected:
-            missing += seq - expected
-            first.extend(range(expected, min(seq, expected + 10 - len(first))))
-        expected = seq + 1
-    return missing, first
 
 
 def _links_cleanly(snapshot: Snapshot, previous: tuple[str, Snapshot] | None) -> bool:
