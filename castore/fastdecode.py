@@ -142,8 +142,9 @@ def canonical_view(cls: type[T]) -> Callable[[bytes], T | None]:
 
 
 def _fits_64_bits(value: Any) -> bool:
-    """Every int in `value` (a decoded JSON value: dicts, lists and scalars; floats were
-    vouched for by the float hook) is within the 64-bit data model."""
+    """Every int in `value` is within the 64-bit data model. `value` is what a view holds
+    where its record's type mentions Any: dicts and lists of scalars, tuples, and views of
+    nested records (floats were vouched for by the float hook)."""
     pending = [value]  # a loop, not recursion: the value may nest deeply
     while pending:
         item = pending.pop()
@@ -153,8 +154,10 @@ def _fits_64_bits(value: Any) -> bool:
                 return False
         elif kind is dict:
             pending.extend(item.values())
-        elif kind is list:
+        elif kind is list or kind is tuple:
             pending.extend(item)
+        elif isinstance(item, msgspec.Struct):
+            pending.extend(msgspec.structs.astuple(item))
     return True
 
 

@@ -6,10 +6,16 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
+import threading
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
+import castore.fsck.forked
 from castore.errors import WorkerFailedError
 from castore.fsck.forked import ForkedMap
 
@@ -91,3 +97,95 @@ def test_leaving_early_stops_the_workers() -> None:
         assert 0 == next(iter(forked))
     assert [] == multiprocessing.active_children()
     assert time.monotonic() - started < 5  # not 100 naps shared by 3 processes
+
+
+@pytest.fixture
+def sigterm_ignored() -> Iterator[None]:
+    """The caller handles SIGTERM its own way (here: ignores it), as servers often do."""
+    saved = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, saved)
+
+
+@pytest.mark.usefixtures("sigterm_ignored")
+def test_leaving_early_stops_workers_whatever_the_callers_sigterm_handler() -> None:
+    started = time.monotonic()
+    with ForkedMap(nap, list(range(100)), jobs=3) as forked:
+        next(iter(forked))
+    assert [] == multiprocessing.active_children()
+    assert time.monotonic() - started < 5
+
+
+def big_result_in_a_worker(unit: int) -> bytes:
+    if os.getpid() == PARENT:
+        time.sleep(1.0)  # busy with its own unit while the worker writes
+        return b""
+    return b"x" * 5_000_000  # far more than the pipe holds: the worker waits mid-message
+
+
+def test_a_worker_killed_in_the_middle_of_a_message_is_an_error() -> None:
+    with ForkedMap(big_result_in_a_worker, [0, 1], jobs=2) as forked:
+        [(worker, _)] = forked._workers
+        timer = threading.Timer(0.5, os.kill, (worker.pid, signal.SIGKILL))
+        timer.start()
+        with pytest.raises(WorkerFailedError, match="exit statuses"):
+            list(forked)
+        timer.join()
+
+
+def test_a_worker_dead_with_the_counters_lock_held_is_an_error_not_a_hang(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Killed (the OOM killer, say) between taking the shared counter's lock and giving it
+    back: nobody can take a unit again, and the caller says so."""
+    real = castore.fsck.forked._take
+
+    def die_holding_the_lock(taken: Any, count: int) -> int | None:
+        if os.getpid() != PARENT:
+            taken.get_lock().acquire()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(taken, count)
+
+    monkeypatch.setattr(castore.fsck.forked, "_take", die_holding_the_lock)  # workers' only
+    started = time.monotonic()
+    with (
+        ForkedMap(pid_after_a_nap, list(range(400)), jobs=2) as forked,
+        pytest.raises(WorkerFailedError, match="held the lock"),
+    ):
+        list(forked)
+    assert time.monotonic() - started < 30
+
+
+def test_workers_stop_when_the_caller_is_killed() -> None:
+    """fsck killed (kill -9): its workers see their pipe broken at their next send, and end
+    rather than wait forever to be read."""
+    script = (
+        "import os, signal, sys\n"
+        "from castore.fsck.forked import ForkedMap\n"
+        "def work(unit): return b'x' * 300_000\n"
+        "forked = ForkedMap(work, list(range(100)), jobs=3)\n"
+        "print(' '.join(str(w.pid) for w, _ in forked._workers), flush=True)\n"
+        "next(iter(forked))\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    caller = subprocess.run(
+        [sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=60
+    )
+    assert -signal.SIGKILL == caller.returncode
+    workers = [int(pid) for pid in caller.stdout.split()]
+    assert 2 == len(workers)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(_alive(pid) for pid in workers):
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in workers)
+
+
+def _alive(pid: int) -> bool:
+    """True while `pid` runs (a zombie, reaped by init soon, counts as ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

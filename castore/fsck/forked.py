@@ -47,11 +47,14 @@ class ForkedMap(Generic[T, R]):
         for _ in range(min(jobs - 1, len(units))):
             receiver, sender = fork.Pipe(duplex=False)
             _widen(sender)
+            # The worker closes its copies of every receiver (this one's, the earlier ones'):
+            # then if this process dies, a worker's next send fails and it stops.
+            receivers = [*(r for _, r in self._workers), receiver]
             worker = fork.Process(
-                target=_work, args=(function, units, self._taken, sender), daemon=True
+                target=_work, args=(function, units, self._taken, sender, receivers), daemon=True
             )
             worker.start()
-            sender.close()  # the parent's copy: EOF comes when the worker's end closes
+            sender.close()  # this process's copy: EOF comes when the worker's end closes
             self._workers.append((worker, receiver))
 
     def __enter__(self) -> ForkedMap[T, R]:
@@ -68,17 +71,19 @@ class ForkedMap(Generic[T, R]):
                 # What has come first; then a unit of our own; else wait for the workers.
                 ready = wait(listening, timeout=0) if listening else []
                 if not ready:
-                    mine = _take(self._taken, len(self._units))
+                    mine = self._take_own()
                     if mine is not None:
                         arrived[mine] = self._function(self._units[mine])
                         continue
                     if not listening:
                         raise WorkerFailedError(self._why_short(index))
-                    ready = wait(listening)
+                    ready = wait(listening, timeout=_PATIENCE)
+                    if not ready and self._counter_lost():
+                        raise WorkerFailedError(_LOST_COUNTER)
                 for receiver in cast(list[Connection], ready):
                     try:
                         message: _Message[R] = receiver.recv()
-                    except EOFError:
+                    except (EOFError, OSError):  # it ended, or died, even mid-message
                         listening.remove(receiver)
                         continue
                     number, failure, result = message
@@ -88,13 +93,37 @@ class ForkedMap(Generic[T, R]):
             yield arrived.pop(index)
 
     def close(self) -> None:
-        """Stop the workers that still run (the results were not all wanted) and reap all."""
+        """Stop the workers that still run (the results were not all wanted) and reap all.
+        SIGKILL, not SIGTERM: a worker inherits whatever SIGTERM handler the caller set, and
+        it only reads, so nothing is lost by stopping it anywhere."""
         for worker, receiver in self._workers:
-            if worker.is_alive():
-                worker.terminate()
-            worker.join()
             receiver.close()
+            if worker.is_alive():
+                worker.kill()
+            worker.join()
         self._workers = []
+
+    def _take_own(self) -> int | None:
+        """`_take` for this process, which gives up when a dead worker holds the lock."""
+        lock = self._taken.get_lock()
+        while not lock.acquire(timeout=_PATIENCE):
+            if self._dead_worker():
+                raise WorkerFailedError(_LOST_COUNTER)
+        try:
+            return _next_unit(self._taken, len(self._units))
+        finally:
+            lock.release()
+
+    def _counter_lost(self) -> bool:
+        """True when no unit can ever be taken again: a worker died holding the lock."""
+        lock = self._taken.get_lock()
+        if lock.acquire(timeout=_PATIENCE):
+            lock.release()
+            return False
+        return self._dead_worker()
+
+    def _dead_worker(self) -> bool:
+        return any(worker.exitcode not in (None, 0) for worker, _ in self._workers)
 
     def _why_short(self, index: int) -> str:
         for worker, _ in self._workers:
@@ -103,29 +132,46 @@ class ForkedMap(Generic[T, R]):
         return f"no result for unit {index} of {len(self._units)}; exit statuses {codes}"
 
 
+_PATIENCE = 1.0  # seconds between looks at whether a worker died holding the counter's lock
+_LOST_COUNTER = "a worker died while it held the lock of the shared counter of units"
+
+
 def _take(taken: Synchronized[int], count: int) -> int | None:
     """The index of the next unit nobody has taken yet, now taken; None when all are."""
     with taken.get_lock():
-        index = taken.value
-        if index >= count:
-            return None
-        taken.value = index + 1
+        return _next_unit(taken, count)
+
+
+def _next_unit(taken: Synchronized[int], count: int) -> int | None:
+    """`_take`, with the lock held by the caller."""
+    index = taken.value
+    if index >= count:
+        return None
+    taken.value = index + 1
     return index
 
 
 def _work(
-    function: Callable[[T], R], units: Sequence[T], taken: Synchronized[int], sender: Connection
+    function: Callable[[T], R],
+    units: Sequence[T],
+    taken: Synchronized[int],
+    sender: Connection,
+    receivers: list[Connection],
 ) -> None:
-    """A worker's life: take the next unit, send its _Message, until none is left or one
-    failed."""
+    """A worker's life: take the next unit, send its _Message, until none is left, one
+    failed, or the parent is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the caller's handler, if it has one
+    for receiver in receivers:
+        receiver.close()
     while (index := _take(taken, len(units))) is not None:
         try:
             sender.send((index, None, function(units[index])))
-        except BrokenPipeError:  # the parent stopped listening: nobody wants the rest
+        except BrokenPipeError:  # the parent is gone: nobody wants the rest
             break
         except Exception:  # noqa: BLE001 - its traceback goes to the parent, which raises
-            sender.send((index, traceback.format_exc(), None))
+            with contextlib.suppress(BrokenPipeError):
+                sender.send((index, traceback.format_exc(), None))
             break
     sender.close()
 
