@@ -1,7 +1,7 @@
 """Benchmark `castore fsck` against the floor of reading and hashing every object file.
 
     python tools/bench_fsck.py [--dir PATH] [--tasks 200] [--steps 100] [--blob-every 10]
-                               [--rounds 3] [--jobs N] [--profile [N]]
+                               [--rounds 3] [--jobs N] [--profile [N]] [--breakdown]
 
 Builds a store (or reuses the one at --dir) of about tasks * (steps + 1) snapshots plus a
 blob every --blob-every steps: 200 * 100 gives ≈ 22,000 objects. Then, interleaved round by
@@ -13,7 +13,9 @@ round so that machine noise hits both alike, best of --rounds:
 The last lines are key=value pairs; fsck_vs_floor is fsck's objects/s over the floor's, each
 the best of its rounds (the target is ≥ 0.8); the per-round median and range of the same
 ratio show how far machine noise moved it. --profile runs check_store(jobs=1) under cProfile
-and prints the top costs.
+and prints the top costs; --breakdown times loops over every chain slot that each do a little
+more of the task pass's work, and prints what each piece adds per slot, and what the calling
+process adds per object (listing objects/, matching slots to object files).
 """
 
 from __future__ import annotations
@@ -36,9 +38,17 @@ from typing import Any, TypeVar
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from castore import Plan, Store
+from castore.codec import intact_body
 from castore.digest import hash_bytes
+from castore.fastdecode import canonical_view
 from castore.fsck import Summary, check_store
-from castore.layout import MARKER_NAME, OBJECTS_DIR
+from castore.fsck.coverage import Coverage
+from castore.fsck.named import NamedObjects
+from castore.fsck.tree import walk_objects
+from castore.fsck.workers import TaskContext, check_tasks
+from castore.fsio import open_directory, read_in
+from castore.layout import CHAIN_DIR, MARKER_NAME, OBJECTS_DIR, TASKS_DIR, decode_task_id
+from castore.records import Snapshot
 
 T = TypeVar("T")
 
@@ -103,6 +113,53 @@ def timed(function: Callable[..., T], *args: Any) -> tuple[float, T]:
     return time.perf_counter() - started, value
 
 
+def breakdown(root: str, rounds: int) -> dict[str, float]:
+    """Seconds (best of `rounds`) of loops over every chain slot that each do a little more
+    of fsck's work: the system calls alone, then the hash, then framing, decoding and
+    re-encoding, and last the whole task pass (chain checks, blobs, bookkeeping)."""
+    tasks_dir = os.path.join(root, TASKS_DIR)
+    names = sorted(os.listdir(tasks_dir))
+    view = canonical_view(Snapshot)
+
+    def slots(level: int) -> None:
+        for name in names:
+            chain = os.path.join(tasks_dir, name, CHAIN_DIR)
+            directory = open_directory(chain)
+            try:
+                for slot in os.listdir(chain):
+                    data, _ = read_in(directory, slot)
+                    if level >= 1:
+                        hash_bytes(data)
+                    if level >= 2:
+                        body = intact_body(data, "snapshot")
+                        if body is None or view(body) is None:
+                            raise SystemExit(f"{chain}/{slot}: damaged; break down a clean store")
+            finally:
+                os.close(directory)
+
+    context = TaskContext(root, int(time.time() * 1000), 3_600_000)
+    named = [(name, decode_task_id(name)) for name in names]
+    results = list(check_tasks(context, named, NamedObjects(root)))
+
+    def main_process() -> None:  # what the caller adds: list objects/, match slots to files
+        coverage = Coverage(walk_objects(root))
+        for result in results:
+            list(coverage.add_task(result))
+
+    steps: dict[str, Callable[[], object]] = {
+        "syscalls": lambda: slots(0),
+        "hash": lambda: slots(1),
+        "decode": lambda: slots(2),
+        "task_pass": lambda: list(check_tasks(context, named, NamedObjects(root))),
+        "main_process": main_process,
+    }
+    best = dict.fromkeys(steps, float("inf"))
+    for _ in range(rounds):
+        for key, step in steps.items():
+            best[key] = min(best[key], timed(step)[0])
+    return best
+
+
 def profile(root: str, top: int) -> None:
     """cProfile of check_store(jobs=1): where fsck spends its time, by own and total time."""
     profiler = cProfile.Profile()
@@ -127,6 +184,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=None, help="fsck workers (default: CPUs)")
     parser.add_argument("--profile", type=int, nargs="?", const=25, default=0, metavar="N")
+    parser.add_argument(
+        "--breakdown", action="store_true", help="also time the task pass piece by piece"
+    )
     args = parser.parse_args()
 
     scratch = None
@@ -171,6 +231,19 @@ def run(root: str, args: argparse.Namespace) -> int:
     print(f"findings={findings} (a clean store has none) load_average_after={load}")
     if args.profile:
         profile(root, args.profile)
+    if args.breakdown:
+        slots = sum(
+            len(os.listdir(os.path.join(root, TASKS_DIR, t, CHAIN_DIR)))
+            for t in os.listdir(os.path.join(root, TASKS_DIR))
+        )
+        pieces = breakdown(root, args.rounds)
+        previous = 0.0
+        for key in ("syscalls", "hash", "decode", "task_pass"):
+            print(f"breakdown_{key}_us_per_slot={(pieces[key] - previous) / slots * 1e6:.1f}")
+            previous = pieces[key]
+        print(f"breakdown_slots={slots}")
+        per_object = pieces["main_process"] / objects * 1e6
+        print(f"breakdown_main_process_us_per_object={per_object:.1f}")
     print(f"fsck_jobs1_objects_per_s={objects / serial_best:.0f}")
     print(f"objects={objects}")
     print(f"floor_objects_per_s={objects / floor_best:.0f}")
