@@ -3,6 +3,7 @@ a clear error (never a hang) when a worker fails or dies."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -170,16 +171,24 @@ def test_workers_stop_when_the_caller_is_killed() -> None:
         "next(iter(forked))\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n"
     )
-    caller = subprocess.run(
-        [sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=60
-    )
-    assert -signal.SIGKILL == caller.returncode
-    workers = [int(pid) for pid in caller.stdout.split()]
-    assert 2 == len(workers)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and any(_alive(pid) for pid in workers):
-        time.sleep(0.1)
-    assert not any(_alive(pid) for pid in workers)
+    workers: list[int] = []
+    with subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True
+    ) as caller:
+        try:
+            assert caller.stdout is not None
+            workers = [int(pid) for pid in caller.stdout.readline().split()]
+            assert -signal.SIGKILL == caller.wait(timeout=60)
+            assert 2 == len(workers)
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and any(_alive(pid) for pid in workers):
+                time.sleep(0.1)
+            assert not any(_alive(pid) for pid in workers)
+        finally:  # never leave them behind, even when this fails
+            for pid in workers:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            caller.kill()
 
 
 def _alive(pid: int) -> bool:
@@ -189,3 +198,62 @@ def _alive(pid: int) -> bool:
             return stat.read().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_a_sigterm_to_the_whole_process_group_is_left_to_the_caller(
+    sigterm_ignored: None,
+) -> None:
+    """systemd stops a service by sending SIGTERM to every process of its group: a caller
+    that handles it (here: ignores it) still gets every result; the workers ignore it."""
+    with ForkedMap(pid_after_a_nap, list(range(40)), jobs=3) as forked:
+        results = iter(forked)
+        first = next(results)
+        for worker, _ in forked._workers:
+            os.kill(worker.pid, signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert list(range(40)) == [unit for unit, _ in [first, *results]]
+
+
+@pytest.fixture
+def children_reaped_by_the_kernel() -> Iterator[None]:
+    """SIGCHLD ignored, as some servers do: nobody ever learns a child's exit status."""
+    saved = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGCHLD, saved)
+
+
+@pytest.mark.usefixtures("children_reaped_by_the_kernel")
+def test_a_worker_dead_with_the_lock_held_is_seen_even_without_exit_statuses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    test_a_worker_dead_with_the_counters_lock_held_is_an_error_not_a_hang(monkeypatch)
+
+
+def test_a_caller_that_exits_with_workers_still_running_is_not_held_up() -> None:
+    """A script that drops the results half read and ends: its workers (which ignore
+    SIGTERM, multiprocessing's way of ending daemon children at exit) are killed, and the
+    script ends at once instead of joining workers stuck on a full pipe."""
+    script = (
+        "from castore.fsck.forked import ForkedMap\n"
+        "def work(unit): return b'x' * 300_000\n"
+        "forked = ForkedMap(work, list(range(100)), jobs=3)\n"
+        "results = iter(forked)\n"
+        "next(results)\n"
+        "print(' '.join(str(w.pid) for w, _ in forked._workers), flush=True)\n"
+    )
+    workers: list[int] = []
+    with subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True
+    ) as caller:
+        try:
+            assert caller.stdout is not None
+            workers = [int(pid) for pid in caller.stdout.readline().split()]
+            assert 0 == caller.wait(timeout=20)
+            assert not any(_alive(pid) for pid in workers)
+        finally:  # never leave them behind, even when this fails
+            for pid in workers:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            caller.kill()

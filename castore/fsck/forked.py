@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import multiprocessing
+import multiprocessing.util
 import signal
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -56,6 +57,11 @@ class ForkedMap(Generic[T, R]):
             worker.start()
             sender.close()  # this process's copy: EOF comes when the worker's end closes
             self._workers.append((worker, receiver))
+        # Stops the workers on close(), when this object is collected, and at interpreter
+        # exit before multiprocessing joins its children (workers ignore its SIGTERM).
+        self._stop = multiprocessing.util.Finalize(
+            self, _stop, args=(list(self._workers),), exitpriority=0
+        )
 
     def __enter__(self) -> ForkedMap[T, R]:
         return self
@@ -93,15 +99,8 @@ class ForkedMap(Generic[T, R]):
             yield arrived.pop(index)
 
     def close(self) -> None:
-        """Stop the workers that still run (the results were not all wanted) and reap all.
-        SIGKILL, not SIGTERM: a worker inherits whatever SIGTERM handler the caller set, and
-        it only reads, so nothing is lost by stopping it anywhere."""
-        for worker, receiver in self._workers:
-            receiver.close()
-            if worker.is_alive():
-                worker.kill()
-            worker.join()
-        self._workers = []
+        """Stop the workers that still run (the results were not all wanted) and reap all."""
+        self._stop()
 
     def _take_own(self) -> int | None:
         """`_take` for this process, which gives up when a dead worker holds the lock."""
@@ -123,13 +122,28 @@ class ForkedMap(Generic[T, R]):
         return self._dead_worker()
 
     def _dead_worker(self) -> bool:
-        return any(worker.exitcode not in (None, 0) for worker, _ in self._workers)
+        """True if a worker has ended other than by finishing. Its end is seen through its
+        sentinel: the caller may reap children itself (SIGCHLD ignored or handled), and then
+        no exit status is ever known, which counts as dead here."""
+        ended = wait([worker.sentinel for worker, _ in self._workers], timeout=0)
+        return any(worker.sentinel in ended and worker.exitcode != 0 for worker, _ in self._workers)
 
     def _why_short(self, index: int) -> str:
         for worker, _ in self._workers:
             worker.join(timeout=5)  # its pipe is closed: it has ended, or is ending
         codes = [worker.exitcode for worker, _ in self._workers]
         return f"no result for unit {index} of {len(self._units)}; exit statuses {codes}"
+
+
+def _stop(workers: list[tuple[multiprocessing.process.BaseProcess, Connection]]) -> None:
+    """Close the pipes and SIGKILL the workers that still run, then reap them all. SIGKILL:
+    workers ignore SIGTERM (it is the caller's to handle, even when sent to the whole process
+    group), and they only read, so nothing is lost by stopping them anywhere."""
+    for worker, receiver in workers:
+        receiver.close()
+        if worker.is_alive():
+            worker.kill()
+        worker.join()
 
 
 _PATIENCE = 1.0  # seconds between looks at whether a worker died holding the counter's lock
@@ -160,8 +174,10 @@ def _work(
 ) -> None:
     """A worker's life: take the next unit, send its _Message, until none is left, one
     failed, or the parent is gone."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the caller's handler, if it has one
+    # Ctrl-C and a SIGTERM sent to the whole process group are the caller's to handle; if it
+    # stops, close() SIGKILLs the workers, and if it dies, their next send fails.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     for receiver in receivers:
         receiver.close()
     while (index := _take(taken, len(units))) is not None:
