@@ -100,14 +100,21 @@ def test_leaving_early_stops_the_workers() -> None:
     assert time.monotonic() - started < 5  # not 100 naps shared by 3 processes
 
 
-@pytest.fixture
-def sigterm_ignored() -> Iterator[None]:
-    """The caller handles SIGTERM its own way (here: ignores it), as servers often do."""
-    saved = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+@contextlib.contextmanager
+def ignoring(signum: int) -> Iterator[None]:
+    """This process ignores `signum` for a while."""
+    saved = signal.signal(signum, signal.SIG_IGN)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, saved)
+        signal.signal(signum, saved)
+
+
+@pytest.fixture
+def sigterm_ignored() -> Iterator[None]:
+    """The caller handles SIGTERM its own way (here: ignores it), as servers often do."""
+    with ignoring(signal.SIGTERM):
+        yield
 
 
 @pytest.mark.usefixtures("sigterm_ignored")
@@ -171,20 +178,29 @@ def test_workers_stop_when_the_caller_is_killed() -> None:
         "next(iter(forked))\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n"
     )
+    with spawned(script) as (caller, workers):
+        assert -signal.SIGKILL == caller.wait(timeout=60)
+        assert 2 == len(workers)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and any(_alive(pid) for pid in workers):
+            time.sleep(0.1)
+        assert not any(_alive(pid) for pid in workers)
+
+
+@contextlib.contextmanager
+def spawned(script: str) -> Iterator[tuple[subprocess.Popen[str], list[int]]]:
+    """A Python process running `script`, which prints its workers' pids on its first line;
+    those workers are SIGKILLed at the end whatever happens (a regression must not leave
+    them blocked on a pipe for ever)."""
     workers: list[int] = []
     with subprocess.Popen(
         [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True
     ) as caller:
         try:
             assert caller.stdout is not None
-            workers = [int(pid) for pid in caller.stdout.readline().split()]
-            assert -signal.SIGKILL == caller.wait(timeout=60)
-            assert 2 == len(workers)
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline and any(_alive(pid) for pid in workers):
-                time.sleep(0.1)
-            assert not any(_alive(pid) for pid in workers)
-        finally:  # never leave them behind, even when this fails
+            workers.extend(int(pid) for pid in caller.stdout.readline().split())
+            yield caller, workers
+        finally:
             for pid in workers:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
@@ -217,11 +233,8 @@ def test_a_sigterm_to_the_whole_process_group_is_left_to_the_caller(
 @pytest.fixture
 def children_reaped_by_the_kernel() -> Iterator[None]:
     """SIGCHLD ignored, as some servers do: nobody ever learns a child's exit status."""
-    saved = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
-    try:
+    with ignoring(signal.SIGCHLD):
         yield
-    finally:
-        signal.signal(signal.SIGCHLD, saved)
 
 
 @pytest.mark.usefixtures("children_reaped_by_the_kernel")
@@ -243,17 +256,7 @@ def test_a_caller_that_exits_with_workers_still_running_is_not_held_up() -> None
         "next(results)\n"
         "print(' '.join(str(w.pid) for w, _ in forked._workers), flush=True)\n"
     )
-    workers: list[int] = []
-    with subprocess.Popen(
-        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True
-    ) as caller:
-        try:
-            assert caller.stdout is not None
-            workers = [int(pid) for pid in caller.stdout.readline().split()]
-            assert 0 == caller.wait(timeout=20)
-            assert not any(_alive(pid) for pid in workers)
-        finally:  # never leave them behind, even when this fails
-            for pid in workers:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            caller.kill()
+    with spawned(script) as (caller, workers):
+        assert 0 == caller.wait(timeout=20)
+        assert 2 == len(workers)
+        assert not any(_alive(pid) for pid in workers)
