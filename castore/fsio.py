@@ -81,8 +81,7 @@ def read_in(dir_fd: int, name: str) -> tuple[bytes, os.stat_result]:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):  # a device may never end, a FIFO never start
             raise UnsafeFileError(name, file_kind(info.st_mode))
-        data = os.read(fd, info.st_size + 1)  # one byte more: a file that grew shows it
-        return (data if len(data) == info.st_size else _read_rest(fd, data)), info
+        return _read_sized(fd, info), info
     finally:
         os.close(fd)
 
