@@ -1,0 +1,308 @@
+"""Benchmark what a long history costs: verified resume, status, watch, bytes and inodes per step.
+
+    python tools/bench_history.py [--rounds 3] [--dir PATH] [--quick] [--with-1m]
+
+Builds its stores itself, with fsync switched off while building (reads are measured here, not
+durability). Baselines from the same run, when the `bench` extra is installed: LangGraph's
+SqliteSaver, `get_tuple` on a thread as long as the castore task, `get_tuple` over 5,000 threads,
+and its bytes on disk for the same payload.
+
+Last lines are key=value, with issue 13's targets: resume_100k_ms <= 50, resume_1m_ms <= 500,
+resume_1m_rss_mb <= 100, status_5000_s <= 0.5, watch_cpu_ms_per_commit_10k <= 1 (flat in history
+length), disk_per_payload <= 2, inodes_per_step <= 0.01. `--quick` divides every size by 10 (keys
+keep their names, values are for the smaller sizes: a smoke run, not a result). The 1M-step store
+needs about 4 GB and several minutes on format v1, so it is built only with `--with-1m`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import resource
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from castore import Plan, Store
+
+PAYLOAD_WORDS = "the agent read the page, kept three facts and chose the next tool to call; "
+TASK = "history"
+
+
+def payload(i: int) -> str:
+    """About 200 characters of plain text: what one agent step typically records."""
+    return f"step {i}: " + (PAYLOAD_WORDS * 3)[: 200 - len(f"step {i}: ")]
+
+
+@contextlib.contextmanager
+def no_fsync() -> Iterator[None]:
+    """Building a million-step store with real fsyncs would take an hour and measure nothing."""
+    saved = os.fsync
+    os.fsync = lambda fd: None
+    try:
+        yield
+    finally:
+        os.fsync = saved
+
+
+def plan_of(steps: int) -> Plan:
+    return Plan.build(TASK, *(f"s{i}" for i in range(steps)))
+
+
+def build_task(root: str, task: str, steps: int, *, store: Store | None = None) -> Store:
+    """A store (created if `store` is None) holding task `task` with `steps` committed steps."""
+    store = store or Store.init(root)
+    with no_fsync(), store.start(task, plan_of(steps)) as run:
+        for step in run.pending():
+            run.commit_step(step, payload(run.head.seq))
+    return store
+
+
+def resume_ms(store: Store, task: str, steps: int, rounds: int) -> float:
+    """Best of `rounds`: open the task, verify HEAD back to the plan root, pass the gate."""
+    plan = plan_of(steps)
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        with store.resume(task, plan) as run:
+            elapsed = time.perf_counter() - start
+            assert run.finished
+        best = min(best, elapsed)
+    return best * 1000
+
+
+def resume_rss_mb(root: str, steps: int) -> float:
+    """Peak RSS that resuming adds: a fresh process that opens the store, builds the plan and
+    resumes, against one that does all but the resume (ru_maxrss is a peak, so a delta taken
+    inside one process would hide memory that the resume reused)."""
+
+    def peak_kib(mode: str) -> int:
+        out = subprocess.run(
+            [sys.executable, __file__, "--child", mode, root, str(steps)],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        return int(out.stdout.strip().splitlines()[-1])
+
+    return (peak_kib("resume") - peak_kib("control")) / 1024
+
+
+def child(mode: str, root: str, steps: int) -> None:
+    store = Store.open(root)
+    plan = plan_of(steps)
+    if mode == "resume":
+        with store.resume(TASK, plan):
+            pass
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)  # KiB on Linux
+
+
+def disk_usage(root: str) -> tuple[int, int]:
+    """(bytes allocated, inodes) under `root`, each inode counted once however many names."""
+    seen: dict[int, int] = {}
+    for directory, dirs, files in os.walk(root):
+        for name in [*dirs, *files]:
+            info = os.lstat(os.path.join(directory, name))
+            seen[info.st_ino] = info.st_blocks * 512
+    return sum(seen.values()), len(seen)
+
+
+def cli(*args: str) -> float:
+    """Wall seconds of one `castore` command, run as a user runs it."""
+    start = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "castore", *args],
+        check=False,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    return time.perf_counter() - start
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of process `pid`, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def settled_cpu(pid: int, quiet_s: float = 0.5, limit_s: float = 30.0) -> float:
+    """The process's CPU time once it has stopped using any for `quiet_s` seconds."""
+    deadline = time.monotonic() + limit_s
+    last = cpu_seconds(pid)
+    while time.monotonic() < deadline:
+        time.sleep(quiet_s)
+        now = cpu_seconds(pid)
+        if now == last:
+            return now
+        last = now
+    return last
+
+
+def watch_cpu_ms_per_commit(root: str, steps: int, commits: int) -> float:
+    """CPU a real `castore watch` spends per commit while one agent appends to a long chain."""
+    store = Store.open(root)
+    task = "watched"
+    plan = plan_of(steps + commits)
+    with no_fsync(), store.start(task, plan) as run:
+        for _ in range(steps):
+            step = run.next_step
+            assert step is not None
+            run.commit_step(step, payload(run.head.seq))
+    watcher = subprocess.Popen(
+        [sys.executable, "-m", "castore", "watch", root, "--json"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        before = settled_cpu(watcher.pid)
+        with store.resume(task, plan) as run:
+            for _ in range(commits):
+                step = run.next_step
+                assert step is not None
+                run.commit_step(step, payload(run.head.seq))
+        after = settled_cpu(watcher.pid)
+    finally:
+        watcher.kill()
+        watcher.wait()
+    return (after - before) * 1000 / commits
+
+
+class SqliteThreads:
+    """LangGraph's SqliteSaver holding threads of checkpoints with the same payload."""
+
+    def __init__(self, path: str) -> None:
+        from langgraph.checkpoint.base import empty_checkpoint
+        from langgraph.checkpoint.sqlite import SqliteSaver
+
+        self.path = path
+        self.conn = sqlite3.connect(path, check_same_thread=False)
+        self.saver = SqliteSaver(self.conn)
+        self.saver.setup()
+        self.conn.execute("PRAGMA synchronous=OFF")  # building, as for castore
+        self.empty_checkpoint = empty_checkpoint
+
+    def fill(self, thread: str, steps: int) -> None:
+        config: Any = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
+        for i in range(steps):
+            checkpoint = self.empty_checkpoint()
+            checkpoint["channel_values"] = {"result": payload(i)}
+            config = self.saver.put(config, checkpoint, {"source": "loop", "step": i}, {})
+
+    def get_tuple_ms(self, thread: str, rounds: int) -> float:
+        config: Any = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
+        best = float("inf")
+        for _ in range(rounds):
+            start = time.perf_counter()
+            assert self.saver.get_tuple(config) is not None
+            best = min(best, time.perf_counter() - start)
+        return best * 1000
+
+    def disk_bytes(self) -> int:
+        self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return sum(
+            os.path.getsize(self.path + suffix)
+            for suffix in ("", "-wal")
+            if os.path.exists(self.path + suffix)
+        )
+
+
+def sqlite_threads(path: str) -> SqliteThreads | None:
+    try:
+        return SqliteThreads(path)
+    except ImportError:
+        print(
+            "langgraph-checkpoint-sqlite not installed: pip install -e '.[bench]'", file=sys.stderr
+        )
+        return None
+
+
+def measure(base: str, args: argparse.Namespace) -> dict[str, float]:
+    scale = 10 if args.quick else 1
+    results: dict[str, float] = {}
+    long_steps, small_steps, tasks, task_steps = (
+        100_000 // scale,
+        10_000 // scale,
+        5000 // scale,
+        50,
+    )
+
+    root = os.path.join(base, "long")
+    store = build_task(root, TASK, long_steps)
+    results["resume_100k_ms"] = resume_ms(store, TASK, long_steps, args.rounds)
+    results["resume_100k_rss_mb"] = resume_rss_mb(root, long_steps)
+    shutil.rmtree(root)
+    print(f"resume of {long_steps} steps: {results['resume_100k_ms']:.1f} ms", file=sys.stderr)
+
+    if args.with_1m:
+        root = os.path.join(base, "million")
+        steps = 1_000_000 // scale
+        store = build_task(root, TASK, steps)
+        results["resume_1m_ms"] = resume_ms(store, TASK, steps, args.rounds)
+        results["resume_1m_rss_mb"] = resume_rss_mb(root, steps)
+        shutil.rmtree(root)
+
+    root = os.path.join(base, "small")
+    store = build_task(root, TASK, small_steps)
+    allocated, inodes = disk_usage(root)
+    results["disk_per_payload"] = allocated / (small_steps * len(payload(0)))
+    results["inodes_per_step"] = inodes / small_steps
+    results["watch_cpu_ms_per_commit_10k"] = watch_cpu_ms_per_commit(root, small_steps, 200)
+    shutil.rmtree(root)
+
+    root = os.path.join(base, "many")
+    store = Store.init(root)
+    for t in range(tasks):
+        build_task(root, f"task-{t:05d}", task_steps, store=store)
+    results["status_5000_s"] = min(cli("status", "--store", root) for _ in range(args.rounds))
+    shutil.rmtree(root)
+
+    lg = sqlite_threads(os.path.join(base, "lg.sqlite"))
+    if lg is not None:
+        lg.fill("long", long_steps)
+        results["langgraph_get_tuple_ms"] = lg.get_tuple_ms("long", args.rounds * 10)
+        for t in range(tasks):
+            lg.fill(f"task-{t:05d}", task_steps)
+        start = time.perf_counter()
+        for t in range(tasks):
+            lg.get_tuple_ms(f"task-{t:05d}", 1)
+        results["langgraph_get_tuple_5000_s"] = time.perf_counter() - start
+        small = SqliteThreads(os.path.join(base, "lg-small.sqlite"))
+        small.fill("small", small_steps)
+        results["langgraph_disk_per_payload"] = small.disk_bytes() / (small_steps * len(payload(0)))
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--dir", default=None, help="where the scratch stores go (default: temp)")
+    parser.add_argument("--quick", action="store_true", help="every size divided by 10")
+    parser.add_argument("--with-1m", action="store_true", help="also build and resume 1M steps")
+    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child[0], args.child[1], int(args.child[2]))
+        return 0
+    base = tempfile.mkdtemp(prefix="castore-bench-history-", dir=args.dir)
+    try:
+        results = measure(base, args)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    for key, value in results.items():
+        print(f"{key}={value:.4g}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
