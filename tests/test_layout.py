@@ -409,6 +409,20 @@ def test_display_name_escapes_only_names_that_are_not_printable(name: str, shown
     assert shown == layout.display_name(name)
 
 
+@pytest.mark.parametrize(
+    "step_id",
+    [p for p in HOSTILE_STRINGS if not p.values[0].isprintable()],
+)
+def test_a_plan_with_an_unprintable_step_id_is_refused(store: castore.Store, step_id: str) -> None:
+    """Step ids are printed by status and log like task ids: an unprintable one (a line
+    separator, a format character) is refused when the plan is stored, nothing written."""
+    plan = castore.Plan.build("p", "fetch", step_id)
+    before = tree_snapshot(store.root)
+    with pytest.raises(castore.UsageError, match="is not printable"):
+        store.start("job", plan)
+    assert before == tree_snapshot(store.root)
+
+
 # -- decode refuses names castore never writes --------------------------------------------------
 
 
