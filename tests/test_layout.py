@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import unicodedata
@@ -13,6 +14,8 @@ from hypothesis import strategies as st
 
 import castore
 from castore import layout
+from castore.alerts import Alert
+from castore.cli.watch import alert_line
 from castore.layout import Layout, decode_task_id, encode_task_id, validate_object_id
 
 NAME_SHAPE = re.compile(r"^[a-z0-9_%A-F-]+$")
@@ -421,6 +424,40 @@ def test_a_plan_with_an_unprintable_step_id_is_refused(store: castore.Store, ste
     with pytest.raises(castore.UsageError, match="is not printable"):
         store.start("job", plan)
     assert before == tree_snapshot(store.root)
+
+
+FORGED = "r-1\u2028error: forged line"
+
+
+class _Crash(Exception):
+    """Leaves an effect block as a crash would."""
+
+
+def test_status_log_and_watch_print_the_callers_text_on_one_line(
+    store: castore.Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An idempotency key, a receipt, a reason or a who/why holding a line break is printed
+    escaped by status, log and watch alert lines: each record stays one line."""
+    plan = castore.Plan.build("p", castore.effect("post"), castore.effect("mail"))
+    with store.start("job", plan) as run:
+        run.perform("post", castore.Service("forum"), lambda key: FORGED)
+        mail = run.effect("mail", castore.Service("m"), key="k-1\nerror: forged key")
+        with contextlib.suppress(_Crash), mail:
+            raise _Crash  # the effect stays SUBMITTED under the caller's key
+    reason = "bounced\u0085error: forged reason"
+    store.resolve("job", "mail", not_done=True, reason=reason, who="ana@ops")
+    store.override("job", who="ana", why="drift\nerror: forged why", plan=plan)
+    for argv in (("log", "job"), ("status",)):
+        code, out, err = cli(capsys, "--store", store.root, *argv)
+        lines = out.splitlines()  # splits at U+2028, U+2029 and U+0085 too
+        assert (0, "", True) == (code, err, all(line.isprintable() for line in lines))
+        assert not any(line.startswith("error: forged") for line in lines)
+    _, log, _ = cli(capsys, "--store", store.root, "log", "job")
+    assert (True, True) == (f"receipt={FORGED!r}" in log, f"why: {reason!r}" in log)
+    _, status, _ = cli(capsys, "--store", store.root, "status")
+    assert "key 'k-1\\nerror: forged key')" in status
+    alert = Alert("stuck", "raised", "job", "post", "k", f"key {FORGED}", 0.0)
+    assert f"1970-01-01T00:00:00Z RAISED stuck: {f'key {FORGED}'!r}" == alert_line(alert)
 
 
 # -- decode refuses names castore never writes --------------------------------------------------
