@@ -57,8 +57,9 @@ class InvalidTaskIdError(UsageError):
         self.task_id = task_id
         self.reason = reason
         super().__init__(
-            f"invalid task id {task_id!r}: {reason}; choose a non-empty printable id whose "
-            "directory name fits 240 bytes (a-z, 0-9, '-', '_' take 1 byte, others 3)"
+            f"invalid task id {task_id!r}: {reason}; choose a non-empty printable id in NFC "
+            "form whose directory name fits 240 bytes (a-z, 0-9, '-', '_' take 1 byte, "
+            "others 3)"
         )
 
 

@@ -10,6 +10,7 @@ import os
 import re
 import secrets
 import socket
+import unicodedata
 
 from castore.errors import InvalidObjectIdError, InvalidTaskIdError
 
@@ -42,18 +43,52 @@ def validate_object_id(object_id: object) -> str:
     return object_id
 
 
+# Why each Unicode general category that str.isprintable() rejects is refused in a task id:
+# every one lets a printed id show something other than what it is.
+_UNPRINTABLE = {
+    "Cc": "a control character (it can end or rewrite the printed line)",
+    "Cf": "a format character (invisible, or reorders the text around it)",
+    "Cs": "a lone surrogate (not valid Unicode, so it has no UTF-8 encoding)",
+    "Co": "a private-use character (no agreed glyph)",
+    "Cn": f"a code point unassigned in Unicode {unicodedata.unidata_version} (its look is unknown)",
+    "Zl": "a line separator (it starts a new line in output)",
+    "Zp": "a paragraph separator (it starts a new line in output)",
+    "Zs": "a space other than U+0020 (it looks like a plain space)",
+}
+
+
+def _why_unprintable(task_id: str) -> str:
+    """Which character of `task_id` (one that is not printable) is its first unprintable one."""
+    index, ch = next((i, c) for i, c in enumerate(task_id) if not c.isprintable())
+    name = unicodedata.name(ch, "")
+    what = _UNPRINTABLE.get(unicodedata.category(ch), "not printable")
+    return f"character {index} is U+{ord(ch):04X}{' ' + name if name else ''}, {what}"
+
+
 def encode_task_id(task_id: object) -> str:
-    """Map a task id to its directory name: injective, reversible, never a path escape."""
+    """Map a task id to its directory name: injective, reversible, never a path escape.
+
+    Valid ids are non-empty, printable (str.isprintable: no control, format, separator other
+    than U+0020, surrogate, private-use or unassigned character), in Unicode NFC form, at
+    most 200 UTF-8 bytes, with a directory name of at most 240 bytes (docs/FORMAT.md, 8.1).
+    A printable id prints as one line that shows every character; an NFC id is the only
+    spelling of its look, so one visible name is one task. An id that is not NFC is refused,
+    never normalised: normalising would move existing tasks to other directories.
+    """
     if not isinstance(task_id, str):
         raise InvalidTaskIdError(task_id, "a task id is a str")
     if not task_id:
         raise InvalidTaskIdError(task_id, "it is empty")
-    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in task_id):
-        raise InvalidTaskIdError(task_id, "it contains control characters (NUL, newline, ...)")
-    try:
-        raw = task_id.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidTaskIdError(task_id, "it is not valid unicode (lone surrogate)") from None
+    if not task_id.isprintable():
+        raise InvalidTaskIdError(task_id, _why_unprintable(task_id))
+    if not unicodedata.is_normalized("NFC", task_id):
+        nfc = unicodedata.normalize("NFC", task_id)
+        raise InvalidTaskIdError(
+            task_id,
+            f"it is not in Unicode NFC form ({task_id!a}); use its NFC form {nfc!r} "
+            f"({nfc!a}), which looks the same",
+        )
+    raw = task_id.encode("utf-8")  # cannot fail: a lone surrogate is not printable
     if len(raw) > MAX_TASK_ID_BYTES:
         raise InvalidTaskIdError(task_id, f"it is {len(raw)} UTF-8 bytes long")
     out: list[str] = []
@@ -93,6 +128,13 @@ def decode_task_id(name: str) -> str:
     if encode_task_id(task_id) != name:
         raise InvalidTaskIdError(name, "not the canonical encoding of any task id")
     return task_id
+
+
+def display_name(name: str) -> str:
+    """`name` (a file name, a relative path, an id) as it may be printed: itself if every
+    character is printable, else its repr, which escapes each one that is not. A name planted
+    by hand can hold a newline or U+2028; printed raw it would forge a line of output."""
+    return name if name.isprintable() else repr(name)
 
 
 def slot_name(seq: int) -> str:

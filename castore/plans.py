@@ -20,8 +20,11 @@ def validate_plan(plan: Plan) -> None:
             raise UsageError(
                 f"step id {step.id!r}: use a non-empty str of at most {MAX_STEP_ID} chars"
             )
-        if any(ord(ch) < 0x20 for ch in step.id):
-            raise UsageError(f"step id {step.id!r} contains control characters")
+        if not step.id.isprintable():  # status and log print it: one id, one line, as is
+            raise UsageError(
+                f"step id {step.id!r} is not printable (a control, format or separator "
+                "character other than space); choose one that prints as itself"
+            )
         if step.id in seen:
             raise UsageError(f"plan {plan.name!r} has step {step.id!r} twice; step ids are unique")
         for dep in step.after:

@@ -69,7 +69,8 @@ def encode_snapshot(snapshot: Snapshot, settings: RunSettings) -> bytes:
     """Snapshot bytes after the payload rules: no secrets, within the size budget."""
     builtins = codec.to_builtins(snapshot)
     # Only the transition and effect records carry caller-supplied values; the rest are
-    # castore's own ids, numbers and the task id (validated when the task was created).
+    # castore's own ids and numbers, the task id and the env anchor (both judged where they
+    # enter: refuse_recorded_secrets).
     guard.refuse_secrets(builtins["transition"], settings.allow_fields, "$.transition")
     guard.refuse_secrets(builtins["effects"], settings.allow_fields, "$.effects")
     data = codec.frame("snapshot", codec.encode_value(builtins))
@@ -88,9 +89,21 @@ def planned_record(
     return EffectRecord(step, derive_key(task_id, plan_id, step), EffectState.PLANNED, now_ms)
 
 
+def refuse_recorded_secrets(task_id: str | None, env: str | None, settings: RunSettings) -> None:
+    """Refuse a task id or an environment anchor that looks like a credential: each is written
+    in clear into every snapshot of the task (the id into its directory name too), where no
+    later commit can take it back. `allow_fields` vouches for them as "$.task" and "$.env"."""
+    recorded = {"task": task_id, "env": env}
+    guard.refuse_secrets(
+        {k: v for k, v in recorded.items() if v is not None}, settings.allow_fields
+    )
+
+
 def initial_snapshot(task_id: str, plan: Plan, plan_id: str, settings: RunSettings) -> Snapshot:
     """Sequence 0 of a new task: its frontier at the first step, its parent the plan root."""
     now = settings.clock()
+    env = settings.live_env()
+    refuse_recorded_secrets(task_id, env, settings)
     planned = planned_record(task_id, plan, plan_id, 0, now)
     return Snapshot(
         task=task_id,
@@ -100,7 +113,7 @@ def initial_snapshot(task_id: str, plan: Plan, plan_id: str, settings: RunSettin
         frontier=Frontier(0, plan.steps[0].id),
         effects=() if planned is None else (planned,),
         transition=Transition(TransitionKind.START),
-        env=settings.live_env(),
+        env=env,
         time_ms=now,
         writer=Writer(socket.gethostname(), os.getpid(), secrets.token_hex(8)),
     )
@@ -221,6 +234,8 @@ class Run:
             anchor = self._settings.live_env()
             gate.check_environment(self.task_id, self.head, anchor)
             self.env_unverified = False
+        if anchor != self.head.env:  # a new anchor; the one already recorded is not re-judged
+            refuse_recorded_secrets(None, anchor, self._settings)
         if frontier is None:
             frontier = self.head.frontier
             if move_frontier:

@@ -33,6 +33,7 @@ from castore.run import (
     RunSettings,
     encode_snapshot,
     initial_snapshot,
+    refuse_recorded_secrets,
     wall_clock_ms,
 )
 from castore.status import TaskStatus
@@ -124,13 +125,16 @@ class Store:
         """Create task `task_id` with `plan` and return its run; TaskExistsError if it exists."""
         slots = self._slots(task_id)
         settings = RunSettings(env, allow_fields, self._budget, self._clock)
+        validate_plan(plan)
+        # Built and checked (a secret in the id or the env anchor) before anything is written.
+        head = initial_snapshot(task_id, plan, plan_digest(plan), settings)
+        data = encode_snapshot(head, settings)
         plan_id = self.put_plan(plan)
         fsio.make_dir_durable(self.layout.task_dir(task_id))
         fsio.make_dir_durable(slots.directory)
         with self._locked(task_id, lock_timeout) as lock:
-            head = initial_snapshot(task_id, plan, plan_id, settings)
             try:
-                head_id = slots.commit(encode_snapshot(head, settings), 0, "<none: new task>")
+                head_id = slots.commit(data, 0, "<none: new task>")
             except ConflictError:
                 raise TaskExistsError(task_id) from None
         chain = VerifiedChain(task_id, head, head_id, plan, plan_id, plan_id, {}, (head_id,))
@@ -148,6 +152,7 @@ class Store:
         """Verify task `task_id` from HEAD to its plan root, pass the gate, return its run."""
         slots = self._slots(task_id)
         settings = RunSettings(env, allow_fields, self._budget, self._clock)
+        refuse_recorded_secrets(task_id, None, settings)  # each commit would write it again
         validate_plan(plan)
         plan_id = plan_digest(plan)
         with self._locked(task_id, lock_timeout) as lock:

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import unicodedata
 
 import pytest
+from helpers import cli, tree_snapshot
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import castore
 from castore import layout
+from castore.alerts import Alert
+from castore.cli.watch import alert_line
 from castore.layout import Layout, decode_task_id, encode_task_id, validate_object_id
 
 NAME_SHAPE = re.compile(r"^[a-z0-9_%A-F-]+$")
@@ -20,7 +24,12 @@ VALID_ID = "0123456789abcdef" * 4
 
 # Any text, surrogates and control characters included: hostile ids come from anywhere.
 ANY_TEXT = st.text(st.characters(exclude_categories=()), max_size=80)
-LONG_TEXT = st.text(st.characters(min_codepoint=0x20), min_size=60, max_size=210)
+# Text of printable characters (what str.isprintable accepts), most of it valid once NFC.
+_PRINTABLE = st.characters(exclude_categories=("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp", "Zs"))
+PRINTABLE_TEXT = st.text(_PRINTABLE | st.just(" "), min_size=1, max_size=60).map(
+    lambda text: unicodedata.normalize("NFC", text)
+)
+LONG_TEXT = st.text(_PRINTABLE, min_size=60, max_size=210)
 
 
 def encoded_or_refused(task_id: str) -> str | None:
@@ -43,7 +52,7 @@ def assert_safe_name(name: str) -> None:
 # -- properties over arbitrary text -------------------------------------------------------------
 
 
-@given(ANY_TEXT | LONG_TEXT)
+@given(PRINTABLE_TEXT | ANY_TEXT | LONG_TEXT)
 def test_every_accepted_task_id_becomes_a_safe_name(task_id: str) -> None:
     """An accepted id maps to [a-z0-9_%A-F-]+, never '.', '..', '/', hidden or over 255 bytes."""
     name = encoded_or_refused(task_id)
@@ -51,7 +60,7 @@ def test_every_accepted_task_id_becomes_a_safe_name(task_id: str) -> None:
         assert_safe_name(name)
 
 
-@given(ANY_TEXT | LONG_TEXT)
+@given(PRINTABLE_TEXT | ANY_TEXT | LONG_TEXT)
 def test_decode_of_encode_gives_back_the_task_id(task_id: str) -> None:
     """decode_task_id(encode_task_id(x)) == x for every accepted id."""
     name = encoded_or_refused(task_id)
@@ -59,7 +68,7 @@ def test_decode_of_encode_gives_back_the_task_id(task_id: str) -> None:
     assert task_id == decode_task_id(name)
 
 
-@given(ANY_TEXT, ANY_TEXT)
+@given(PRINTABLE_TEXT | ANY_TEXT, PRINTABLE_TEXT | ANY_TEXT)
 def test_distinct_task_ids_get_distinct_names_even_case_folded(first: str, second: str) -> None:
     """Two distinct ids never share a name, not even on a case-insensitive filesystem."""
     assume(first != second)
@@ -119,6 +128,13 @@ ACCEPTED_HOSTILE = [
     "$HOME",
     " ",
     "a b",
+    "\u8acb\u6c42\u66f8/2026-11",  # CJK
+    "caf\u00e9",  # accented, NFC
+    "\u00c5ngstr\u00f6m",  # NFC (the Angstrom sign U+212B is not)
+    "\U0001f680 launch",  # an emoji
+    "\u0939\u093f\u0928\u094d\u0926\u0940",  # Devanagari with combining signs, NFC
+    "\ufb01le",  # a ligature: NFC keeps it (only NFKC would not)
+    "\u0301",  # a lone combining accent is NFC and printable
 ]
 
 REFUSED = [
@@ -132,6 +148,29 @@ REFUSED = [
     pytest.param("\u00e9" * 101, id="202-utf8-bytes"),
     pytest.param("\ud800", id="lone-surrogate"),
     pytest.param("ok\udfff", id="lone-low-surrogate"),
+    pytest.param("a\tb", id="TAB"),
+    pytest.param("a\x1b[2Jb", id="ESC"),
+    pytest.param("a\x7fb", id="DEL-inside"),
+    pytest.param("job\x851", id="U+0085-next-line"),
+    pytest.param("job\u20281", id="U+2028-line-separator"),
+    pytest.param("job\u20291", id="U+2029-paragraph-separator"),
+    pytest.param("invoice-\u202e24-txt", id="U+202E-right-to-left-override"),
+    pytest.param("in\u200bvoice", id="U+200B-zero-width-space"),
+    pytest.param("\ufeffinvoice", id="U+FEFF-byte-order-mark"),
+    pytest.param("in\u00advoice", id="U+00AD-soft-hyphen"),
+    pytest.param("\u2066x\u2069", id="U+2066-bidi-isolate"),
+    pytest.param("a\u200db", id="U+200D-zero-width-joiner"),
+    pytest.param("a\U000e0041b", id="U+E0041-tag-character"),
+    pytest.param("a\u00a0b", id="U+00A0-no-break-space"),
+    pytest.param("a\u3000b", id="U+3000-ideographic-space"),
+    pytest.param("a\u2009b", id="U+2009-thin-space"),
+    pytest.param("a\ue000b", id="U+E000-private-use"),
+    pytest.param("a\U0010fffdb", id="U+10FFFD-private-use-plane-16"),
+    pytest.param("a\u0378b", id="U+0378-unassigned"),
+    pytest.param("a\uffffb", id="U+FFFF-noncharacter"),
+    pytest.param("cafe\u0301", id="NFD-e-acute"),
+    pytest.param("\u212a", id="kelvin-sign-NFC-is-K"),
+    pytest.param("\u212bngstr\u00f6m", id="angstrom-sign-NFC-is-A-ring"),
     pytest.param(None, id="None"),
     pytest.param(b"invoice", id="bytes"),
     pytest.param(42, id="int"),
@@ -157,7 +196,8 @@ def test_hostile_ids_stay_inside_the_tasks_directory(task_id: str) -> None:
 
 @pytest.mark.parametrize("task_id", REFUSED)
 def test_invalid_task_ids_are_refused(task_id: object) -> None:
-    """Empty, control characters, over 200 bytes, lone surrogates and non-str are refused."""
+    """Empty, unprintable (control, format, separator, private-use, unassigned, surrogate),
+    not NFC, over 200 bytes and non-str ids are refused."""
     with pytest.raises(castore.InvalidTaskIdError) as caught:
         encode_task_id(task_id)
     assert task_id == caught.value.task_id
@@ -192,21 +232,16 @@ def test_known_names() -> None:
     ("first", "second"),
     [
         pytest.param("\u0456nvoice", "invoice", id="cyrillic-look-alike"),
-        pytest.param(
-            unicodedata.normalize("NFC", "\u00e9"),
-            unicodedata.normalize("NFD", "\u00e9"),
-            id="NFC-vs-NFD",
-        ),
         pytest.param("%41", "A", id="escape-vs-letter"),
         pytest.param("A", "a", id="case"),
         pytest.param("invoice/42", "invoice%2F42", id="slash-vs-its-escape"),
         pytest.param("a.b", "a%2Eb", id="dot-vs-its-escape"),
         pytest.param("\ufb01", "fi", id="ligature"),
-        pytest.param("\u212a", "K", id="kelvin-sign"),
     ],
 )
 def test_look_alike_ids_get_distinct_names(first: str, second: str) -> None:
-    """Ids that look alike or normalise alike still get distinct names (also case-folded)."""
+    """Valid ids that look alike or NFKC-normalise alike still get distinct names (also
+    case-folded); spellings that only NFC tells apart cannot both be valid (see below)."""
     assert first != second
     names = (encode_task_id(first), encode_task_id(second))
     assert names[0] != names[1]
@@ -237,6 +272,192 @@ def test_an_accepted_id_whose_escapes_are_long_still_fits_a_file_name(task_id: s
     name = encoded_or_refused(task_id)
     if name is not None:
         assert len(name.encode()) <= NAME_MAX
+
+
+# -- printable, NFC ids: one visible name is one task ----------------------------------------
+
+
+@given(PRINTABLE_TEXT | ANY_TEXT | LONG_TEXT)
+def test_an_accepted_id_is_printable_and_nfc(task_id: str) -> None:
+    """Every accepted id prints as itself (repr escapes nothing) and is its own NFC form."""
+    assume(encoded_or_refused(task_id) is not None)
+    assert (True, task_id) == (task_id.isprintable(), unicodedata.normalize("NFC", task_id))
+
+
+@given(PRINTABLE_TEXT | ANY_TEXT)
+def test_other_spellings_of_an_accepted_id_are_refused(task_id: str) -> None:
+    """Of the canonically equivalent spellings of a name (NFC, NFD), at most one is valid:
+    two tasks never look identical because one is composed and the other decomposed."""
+    assume(encoded_or_refused(task_id) is not None)
+    for form in ("NFD", "NFC"):
+        other = unicodedata.normalize(form, task_id)
+        assert other == task_id or encoded_or_refused(other) is None
+
+
+@given(st.lists(PRINTABLE_TEXT | ANY_TEXT, min_size=2, max_size=8, unique=True))
+def test_accepted_ids_map_injectively_and_round_trip(task_ids: list[str]) -> None:
+    """Distinct accepted ids get distinct names (also case-folded) that decode back."""
+    names = {t: encode_task_id(t) for t in task_ids if encoded_or_refused(t) is not None}
+    assert len(names) == len({name.lower() for name in names.values()})
+    assert {t: t for t in names} == {t: decode_task_id(name) for t, name in names.items()}
+
+
+def test_a_decomposed_id_is_refused_with_its_nfc_form_in_the_message() -> None:
+    """An NFD id is refused, not normalised: the message shows the NFC spelling to use."""
+    decomposed = unicodedata.normalize("NFD", "caf\u00e9")
+    with pytest.raises(castore.InvalidTaskIdError) as caught:
+        encode_task_id(decomposed)
+    assert "not in Unicode NFC form ('cafe\\u0301')" in str(caught.value)
+    assert "use its NFC form 'caf\u00e9' ('caf\\xe9')" in str(caught.value)
+    assert "caf%C3%A9" == encode_task_id("caf\u00e9")
+
+
+@pytest.mark.parametrize(
+    ("task_id", "reason"),
+    [
+        ("job\u20281", "character 3 is U+2028 LINE SEPARATOR, a line separator"),
+        ("x\u202e", "character 1 is U+202E RIGHT-TO-LEFT OVERRIDE, a format character"),
+        ("a\x00", "character 1 is U+0000, a control character"),
+        ("a\u00a0b", "U+00A0 NO-BREAK SPACE, a space other than U+0020"),
+    ],
+)
+def test_the_message_names_the_unprintable_character(task_id: str, reason: str) -> None:
+    """The error says which character it refused, by position, code point and name, and
+    shows the id escaped: the message itself is one printable line."""
+    with pytest.raises(castore.InvalidTaskIdError) as caught:
+        encode_task_id(task_id)
+    assert reason in caught.value.reason
+    assert (True, True) == (repr(task_id) in str(caught.value), str(caught.value).isprintable())
+
+
+HOSTILE_STRINGS = [p for p in REFUSED if isinstance(p.values[0], str) and p.values[0]]
+
+
+@pytest.mark.parametrize("task_id", HOSTILE_STRINGS)
+def test_a_store_refuses_a_hostile_id_before_any_filesystem_call(
+    store: castore.Store, monkeypatch: pytest.MonkeyPatch, task_id: str
+) -> None:
+    """start, resume, open_task, status and verify refuse the id with InvalidTaskIdError
+    before touching the filesystem; the store tree is byte-identical afterwards."""
+    plan = castore.Plan.build("p", "a")
+    before = tree_snapshot(store.root)
+    calls: list[str] = []
+
+    def refuse(name: str) -> object:
+        def call(*args: object, **kwargs: object) -> object:
+            calls.append(f"os.{name}{args!r}")
+            raise AssertionError(f"os.{name} called for an invalid task id")
+
+        return call
+
+    attempts = [
+        lambda: store.start(task_id, plan),
+        lambda: store.resume(task_id, plan),
+        lambda: store.open_task(task_id, plan),
+        lambda: store.status(task_id),
+        lambda: store.verify(task_id),
+    ]
+    with monkeypatch.context() as patched:
+        for name in ("open", "mkdir", "makedirs", "stat", "lstat", "listdir", "scandir", "link"):
+            patched.setattr(os, name, refuse(name))
+        for attempt in attempts:
+            with pytest.raises(castore.InvalidTaskIdError):
+                attempt()
+    assert ([], before) == (calls, tree_snapshot(store.root))
+
+
+PLANTED = [
+    pytest.param("evil\u2028error: forged line", id="raw-U+2028"),
+    pytest.param("evil\nerror: forged line", id="raw-newline"),
+    pytest.param("job%E2%80%A81", id="escaped-U+2028"),
+    pytest.param("job%C2%851", id="escaped-U+0085"),
+    pytest.param("x%E2%80%AEtxt", id="escaped-U+202E"),
+    pytest.param("in%E2%80%8Bvoice", id="escaped-U+200B"),
+    pytest.param("cafe%CC%81", id="escaped-NFD"),
+]
+
+
+@pytest.mark.parametrize("name", PLANTED)
+def test_a_planted_task_directory_is_a_finding_printed_escaped(
+    store: castore.Store, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    """A directory made by hand under tasks/ for an id castore refuses is not listed as a
+    task, and fsck reports it as bad-task-name on one line, escaped, never raw."""
+    with store.start("plain", castore.Plan.build("p", "a")) as run:
+        run.commit_step("a", 1)
+    os.mkdir(os.path.join(store.layout.tasks, name))
+    assert ["plain"] == store.tasks()
+    code, out, err = cli(capsys, "fsck", store.root)
+    lines = out.splitlines()  # splitlines also breaks at U+2028 and U+0085
+    bad = [line for line in lines if "bad-task-name" in line]
+    assert (0, "", 1) == (code, err, len(bad))
+    assert f"warning: bad-task-name: {layout.display_name('tasks/' + name)}: " in bad[0]
+    assert all(line.isprintable() for line in lines)
+    code, out, err = cli(capsys, "--store", store.root, "status")
+    assert (0, "", ["plain"]) == (code, err, [line.split()[0] for line in out.splitlines()])
+
+
+@pytest.mark.parametrize(
+    ("name", "shown"),
+    [
+        ("tasks/job", "tasks/job"),
+        ("tasks/caf\u00e9 1", "tasks/caf\u00e9 1"),
+        ("tasks/a\u2028b", "'tasks/a\\u2028b'"),
+        ("tasks/a\nb", "'tasks/a\\nb'"),
+        ("tasks/\udcff", "'tasks/\\udcff'"),
+    ],
+)
+def test_display_name_escapes_only_names_that_are_not_printable(name: str, shown: str) -> None:
+    """A printable name prints as itself; any other as its repr, one printable line."""
+    assert shown == layout.display_name(name)
+
+
+@pytest.mark.parametrize(
+    "step_id",
+    [p for p in HOSTILE_STRINGS if not p.values[0].isprintable()],
+)
+def test_a_plan_with_an_unprintable_step_id_is_refused(store: castore.Store, step_id: str) -> None:
+    """Step ids are printed by status and log like task ids: an unprintable one (a line
+    separator, a format character) is refused when the plan is stored, nothing written."""
+    plan = castore.Plan.build("p", "fetch", step_id)
+    before = tree_snapshot(store.root)
+    with pytest.raises(castore.UsageError, match="is not printable"):
+        store.start("job", plan)
+    assert before == tree_snapshot(store.root)
+
+
+FORGED = "r-1\u2028error: forged line"
+
+
+class _Crash(Exception):
+    """Leaves an effect block as a crash would."""
+
+
+def test_status_log_and_watch_print_the_callers_text_on_one_line(
+    store: castore.Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An idempotency key, a receipt, a reason or a who/why holding a line break is printed
+    escaped by status, log and watch alert lines: each record stays one line."""
+    plan = castore.Plan.build("p", castore.effect("post"), castore.effect("mail"))
+    with store.start("job", plan) as run:
+        run.perform("post", castore.Service("forum"), lambda key: FORGED)
+        mail = run.effect("mail", castore.Service("m"), key="k-1\nerror: forged key")
+        with contextlib.suppress(_Crash), mail:
+            raise _Crash  # the effect stays SUBMITTED under the caller's key
+    reason = "bounced\u0085error: forged reason"
+    store.resolve("job", "mail", not_done=True, reason=reason, who="ana@ops")
+    store.override("job", who="ana", why="drift\nerror: forged why", plan=plan)
+    for argv in (("log", "job"), ("status",)):
+        code, out, err = cli(capsys, "--store", store.root, *argv)
+        lines = out.splitlines()  # splits at U+2028, U+2029 and U+0085 too
+        assert (0, "", True) == (code, err, all(line.isprintable() for line in lines))
+        assert not any(line.startswith("error: forged") for line in lines)
+    _, log, _ = cli(capsys, "--store", store.root, "log", "job")
+    assert (True, True) == (f"receipt={FORGED!r}" in log, f"why: {reason!r}" in log)
+    _, status, _ = cli(capsys, "--store", store.root, "status")
+    assert "key 'k-1\\nerror: forged key')" in status
+    alert = Alert("stuck", "raised", "job", "post", "k", f"key {FORGED}", 0.0)
+    assert f"1970-01-01T00:00:00Z RAISED stuck: {f'key {FORGED}'!r}" == alert_line(alert)
 
 
 # -- decode refuses names castore never writes --------------------------------------------------

@@ -10,7 +10,7 @@ from typing import Any
 from castore import codec
 from castore.cli import EXIT_INTEGRITY, EXIT_OK, EXIT_UNKNOWN_OUTCOME, open_store
 from castore.errors import ObjectMissingError, UsageError
-from castore.layout import validate_object_id
+from castore.layout import display_name, validate_object_id
 from castore.records import Snapshot
 from castore.status import TaskStatus
 from castore.store import Store
@@ -29,13 +29,14 @@ def _age(seconds: float) -> str:
 
 def _status_line(status: TaskStatus) -> str:
     if status.error:
-        return f"{status.task}  BROKEN: {status.error}"
+        return f"{status.task}  BROKEN: {display_name(status.error)}"
     step = "finished" if status.finished else f"at {status.step}"
     head = f"{status.task}  seq {status.seq}  {step}  next: {status.next_action}"
     lines = [head]
+    # A key or a reason is the caller's text: one holding a line break would forge a line.
     lines.extend(
-        f"    effect {e.step}: {e.state} for {_age(e.age_s)} (attempts {e.attempts}, key {e.key})"
-        f" -> {e.next_action}: {e.reason}"
+        f"    effect {e.step}: {e.state} for {_age(e.age_s)} (attempts {e.attempts}, key "
+        f"{display_name(str(e.key))}) -> {e.next_action}: {display_name(e.reason)}"
         for e in status.effects
     )
     return "\n".join(lines)
@@ -68,14 +69,14 @@ def _transition_text(snapshot: Snapshot) -> str:
             f"{t.effect_from.value if t.effect_from else '-'}->"
             f"{t.effect_to.value if t.effect_to else '-'}"
         )
-    if t.receipt:
-        parts.append(f"receipt={t.receipt}")
+    if t.receipt:  # receipt, who and why are the caller's text: escaped if unprintable
+        parts.append(f"receipt={display_name(t.receipt)}")
     if t.result_ref:
         parts.append(f"result=blob:{t.result_ref[:12]}")
     if t.who:
-        parts.append(f"by {t.who}")
+        parts.append(f"by {display_name(t.who)}")
     if t.why:
-        parts.append(f"why: {t.why}")
+        parts.append(f"why: {display_name(t.why)}")
     return " ".join(parts)
 
 

@@ -18,6 +18,7 @@ from castore.cli import (
 from castore.fsck import Finding, Summary, check_store
 from castore.fsck.quarantine import quarantine
 from castore.gc import DEFAULT_GRACE_S, collect
+from castore.layout import display_name
 from castore.store import Store
 
 PROGRESS_FROM = 1000  # objects: below this a progress bar would only flicker
@@ -76,7 +77,8 @@ def cmd_fsck(args: argparse.Namespace) -> int:
 def finding_line(finding: Finding) -> str:
     """severity: code: path [task object]: message"""
     ids = " ".join(x for x in (finding.task, (finding.object_id or "")[:12]) if x)
-    where = f"{finding.path} [{ids}]" if ids else finding.path
+    path = display_name(finding.path)  # a name planted by hand may hold a line break
+    where = f"{path} [{ids}]" if ids else path
     return f"{finding.severity.value}: {finding.code}: {where}: {finding.message}"
 
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from castore.alerts import span
 from castore.cli import EXIT_OK, add_path_argument, parse_duration, store_path
 from castore.errors import UsageError
+from castore.layout import display_name
 
 if TYPE_CHECKING:
     from castore.alerts import Alert
@@ -35,7 +36,7 @@ DEFAULT_EXEC_TIMEOUT_S = 10.0
 def alert_line(alert: Alert) -> str:
     """One alert as one line for people: UTC time, RAISED/CLEARED, kind, what to do."""
     when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(alert.time))
-    return f"{when} {alert.status.upper()} {alert.kind}: {alert.message}"
+    return f"{when} {alert.status.upper()} {alert.kind}: {display_name(alert.message)}"
 
 
 def alert_json(alert: Alert) -> str:
