@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -135,6 +136,48 @@ def test_store_precedence_flag_then_env_then_dot_castore(
     monkeypatch.delenv("CASTORE_STORE")
     out = cli(capsys, "status", "--json")[1]
     assert ["in-dot"] == [json.loads(line)["task"] for line in out.splitlines()]
+
+
+@pytest.mark.parametrize(
+    "verb", [["status"], ["log", "t"], ["show", "t@0"], ["fsck"], ["gc", "--dry-run"]]
+)
+def test_store_option_works_after_the_verb_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], verb: list[str]
+) -> None:
+    """`castore VERB --store X` reads store X, as `castore --store X VERB` does; given in both
+    places, the one after the verb wins."""
+    store = castore.Store.init(tmp_path / "s")
+    make_finished(store, "t")
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        code, out, err = cli(capsys, *argv)
+        return code, re.sub(r" in [0-9.]+s:", " in Ns:", out), err  # fsck's timing
+
+    before = run("--store", store.root, *verb)
+    assert (0, "") == (before[0], before[2]), before
+    assert before == run(*verb, "--store", store.root)
+    assert before == run("--store", str(tmp_path / "nowhere"), *verb, "--store", store.root)
+
+
+@pytest.mark.parametrize(
+    ("argv", "help_of"),
+    [
+        (["status", "--bogus"], "castore status"),
+        (["--store", "x", "log", "t", "--nope"], "castore log"),
+        (["log"], "castore log"),
+        (["--bogus"], "castore"),
+    ],
+)
+def test_an_argument_error_names_the_verbs_help_once(
+    capsys: pytest.CaptureFixture[str], argv: list[str], help_of: str
+) -> None:
+    """A bad argument exits 2 with one error line that says `castore: ` once and points at
+    the help of the verb it came with."""
+    code, out, err = cli(capsys, *argv)
+    assert (2, "") == (code, out)
+    assert_one_error_line(err)
+    assert 1 == err.count("castore:"), err
+    assert err.rstrip().endswith(f"(see `{help_of} --help`)"), err
 
 
 def test_missing_store_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
