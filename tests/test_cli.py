@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import Entry, cli, flip_bit, rewrite
@@ -28,6 +29,18 @@ def assert_one_error_line(err: str) -> None:
     """Exactly one line on stderr, starting with 'castore: error:'."""
     assert 1 == len(err.splitlines()), err
     assert err.startswith("castore: error: "), err
+
+
+def status_rows(out: str) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """`status --json` output: its task rows, and the summary object on its last line."""
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert set() == {"summary"} ^ set(lines[-1]), lines[-1]
+    return lines[:-1], lines[-1]["summary"]
+
+
+def status_tasks(out: str) -> list[str]:
+    """The task ids of `status --json` output, in order."""
+    return [row["task"] for row in status_rows(out)[0]]
 
 
 def make_unresolved(store: castore.Store, task: str = TASK) -> str:
@@ -129,13 +142,11 @@ def test_store_precedence_flag_then_env_then_dot_castore(
     make_finished(castore.Store.open(tmp_path / "env"), "in-env")
     make_finished(castore.Store.open(tmp_path / ".castore"), "in-dot")
     monkeypatch.setenv("CASTORE_STORE", str(tmp_path / "env"))
-    tasks = [json.loads(line)["task"] for line in cli(capsys, "status", "--json")[1].splitlines()]
-    assert ["in-env"] == tasks
+    assert ["in-env"] == status_tasks(cli(capsys, "status", "--json")[1])
     out = cli(capsys, "--store", str(tmp_path / "flag"), "status", "--json")[1]
-    assert ["in-flag"] == [json.loads(line)["task"] for line in out.splitlines()]
+    assert ["in-flag"] == status_tasks(out)
     monkeypatch.delenv("CASTORE_STORE")
-    out = cli(capsys, "status", "--json")[1]
-    assert ["in-dot"] == [json.loads(line)["task"] for line in out.splitlines()]
+    assert ["in-dot"] == status_tasks(cli(capsys, "status", "--json")[1])
 
 
 @pytest.mark.parametrize(
@@ -200,22 +211,27 @@ def test_argument_errors_exit_2_with_one_error_line(
 
 
 def test_status_on_an_empty_store(store: castore.Store, capsys: pytest.CaptureFixture[str]) -> None:
-    """`status` of an empty store says there are no tasks and exits 0; --json prints nothing."""
+    """`status` of an empty store says there are no tasks and exits 0; --json prints only a
+    summary of zero tasks."""
     assert (0, f"no tasks in {store.root}\n", "") == cli(
         capsys, "--store", str(store.root), "status"
     )
-    assert (0, "", "") == cli(capsys, "--store", str(store.root), "status", "--json")
+    code, out, err = cli(capsys, "--store", str(store.root), "status", "--json")
+    assert (0, "") == (code, err)
+    assert ([], {"tasks": 0, "open": 0, "unresolved": 0, "broken": 0}) == status_rows(out)
 
 
 def test_status_json_is_one_object_per_task_line(
     store: castore.Store, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`status --json`: one JSON object a line with task, seq, step, next_action, effects."""
+    """`status --json`: one JSON object a line with task, seq, step, next_action, effects,
+    then a summary object counting them."""
     make_finished(store, "a-done")
     key = make_unresolved(store, "b-stuck")
     code, out, err = cli(capsys, "--store", str(store.root), "status", "--json")
     assert (6, "") == (code, err)
-    rows = [json.loads(line) for line in out.splitlines()]
+    rows, counts = status_rows(out)
+    assert {"tasks": 2, "open": 1, "unresolved": 1, "broken": 0} == counts
     assert ["a-done", "b-stuck"] == [row["task"] for row in rows]
     for row in rows:
         assert set() == {"task", "seq", "step", "next_action", "effects"} - set(row)
@@ -231,7 +247,7 @@ def test_status_json_is_one_object_per_task_line(
         (e["step"], e["state"], e["key"], e["next_action"]) for e in stuck["effects"]
     ]
     code, out, _ = cli(capsys, "--store", str(store.root), "status", "a-done", "--json")
-    assert (0, ["a-done"]) == (code, [json.loads(line)["task"] for line in out.splitlines()])
+    assert (0, ["a-done"]) == (code, status_tasks(out))
 
 
 def test_status_exits_6_while_an_effect_is_unresolved(
@@ -244,6 +260,86 @@ def test_status_exits_6_while_an_effect_is_unresolved(
     assert "effect charge: UNRESOLVED" in out
     assert key in out
     assert 6 == cli(capsys, "--store", str(store.root), "status", TASK)[0]
+
+
+def make_open(store: castore.Store, task: str) -> None:
+    """A task whose charge is SUBMITTED with no answer yet: open, but not UNRESOLVED."""
+    with store.open_task(task, PLAN) as run:
+        run.commit_step("price", 1)
+        with pytest.raises(ConnectionError), run.effect("charge", castore.Service("pay")):
+            raise ConnectionError("no answer")
+
+
+@pytest.mark.parametrize(
+    ("argv", "shown", "code"),
+    [
+        ([], ["order-1", "order-2", "order-3", "other"], 6),
+        (["order-*"], ["order-1", "order-2", "order-3"], 6),
+        (["order-[12]"], ["order-1", "order-2"], 0),
+        (["--open"], ["order-2", "order-3"], 6),
+        (["--unresolved"], ["order-3"], 6),
+        (["order-?", "--open"], ["order-2", "order-3"], 6),
+        (["oth*", "--unresolved"], [], 0),
+        (["order-1"], ["order-1"], 0),
+    ],
+)
+def test_status_filters_by_glob_open_and_unresolved(
+    store: castore.Store,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    shown: list[str],
+    code: int,
+) -> None:
+    """`status [GLOB] [--open] [--unresolved]` lists only the matching tasks (fnmatch on the
+    id), ends with a count line (a summary object in --json) and exits by what it shows."""
+    make_finished(store, "order-1")
+    make_open(store, "order-2")
+    make_unresolved(store, "order-3")
+    make_finished(store, "other")
+    result = cli(capsys, "--store", store.root, "status", *argv, "--json")
+    rows, counts = status_rows(result[1])
+    assert (code, shown, "") == (result[0], [row["task"] for row in rows], result[2])
+    unresolved = sum(1 for t in shown if t == "order-3")
+    opened = sum(1 for t in shown if t in ("order-2", "order-3"))
+    expected = {"tasks": len(shown), "open": opened, "unresolved": unresolved, "broken": 0}
+    assert expected == counts
+    code_text, out, _ = cli(capsys, "--store", store.root, "status", *argv)
+    lines = out.splitlines()
+    assert code == code_text
+    assert shown == [line.split()[0] for line in lines[:-1] if not line.startswith(" ")]
+    if shown:
+        tasks = f"{len(shown)} task{'' if len(shown) == 1 else 's'}"
+        assert (
+            f"{tasks}: {opened} with open effects, {unresolved} unresolved, 0 broken" == (lines[-1])
+        )
+    else:
+        assert [f"no matching tasks in {store.root}"] == lines
+
+
+def test_status_shows_a_broken_task_whatever_the_filter(
+    store: castore.Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A task whose chain does not verify is listed by --open and --unresolved (its effects
+    cannot be known), counted as broken, and status exits 3."""
+    make_finished(store, "fine")
+    make_finished(store, "hurt")
+    rewrite(Path(store.layout.slot_path("hurt", 1)), flip_bit)
+    code, out, err = cli(capsys, "--store", store.root, "status", "--open", "--json")
+    rows, counts = status_rows(out)
+    assert (3, ["hurt"], "") == (code, [row["task"] for row in rows], err)
+    assert {"tasks": 1, "open": 0, "unresolved": 0, "broken": 1} == counts
+
+
+@pytest.mark.parametrize("task", ["", "a\nb"])
+def test_status_of_an_invalid_task_id_is_a_usage_error(
+    store: castore.Store, capsys: pytest.CaptureFixture[str], task: str
+) -> None:
+    """`status ''` (and any other invalid id) exits 2 with one error line, as `log ''` does,
+    rather than listing every task."""
+    make_finished(store, "t")
+    code, out, err = cli(capsys, "--store", store.root, "status", task)
+    assert (2, "") == (code, out)
+    assert_one_error_line(err)
 
 
 # --------------------------------------------------------------------------- resolve
@@ -262,7 +358,7 @@ def test_resolve_confirmed_advances_the_task(
     assert "CONFIRMED (receipt rcpt-1)" in out
     code, out, _ = cli(capsys, "--store", str(store.root), "status", "--json")
     assert 0 == code
-    row = json.loads(out)
+    (row,) = status_rows(out)[0]
     assert ("email", "run", []) == (row["step"], row["next_action"], row["effects"])
     head = store.history(TASK)[0][1]
     assert ("rcpt-1", "alice", "the payment console shows it") == (
@@ -303,7 +399,7 @@ def test_resolve_not_done_with_a_reason_reopens_the_effect(
     code, out, _ = cli(capsys, "--store", str(store.root), "status", "--json")
     assert 0 == code
     assert [("charge", "NOT_DONE", "submit")] == [
-        (e["step"], e["state"], e["next_action"]) for e in json.loads(out)["effects"]
+        (e["step"], e["state"], e["next_action"]) for e in status_rows(out)[0][0]["effects"]
     ]
 
 
@@ -324,7 +420,7 @@ def test_resolve_of_an_unknown_task_exits_2_and_leaves_the_store_unchanged(
     assert ["real"] == store.tasks()
     code, out, err = cli(capsys, "--store", str(store.root), "status", "--json")
     assert (0, "") == (code, err)
-    assert ["real"] == [json.loads(line)["task"] for line in out.splitlines()]
+    assert ["real"] == status_tasks(out)
 
 
 # --------------------------------------------------------------------------- log and show
@@ -344,6 +440,30 @@ def test_log_lists_the_chain_newest_first(
     assert [i[:12] for i, _ in history] == [line.split()[3] for line in lines]
     assert "effect charge SUBMITTED->UNRESOLVED" in lines[0]
     assert "start" in lines[-1]
+
+
+@pytest.mark.parametrize("count", [1, 3, 4, 10])
+def test_log_n_prints_the_newest_n_snapshots(
+    store: castore.Store, capsys: pytest.CaptureFixture[str], count: int
+) -> None:
+    """`log -n N TASK` prints only the newest N snapshots (all of them if there are fewer)."""
+    make_unresolved(store)
+    code, out, err = cli(capsys, "--store", store.root, "log", "-n", str(count), TASK)
+    assert (0, "") == (code, err)
+    assert [3, 2, 1, 0][:count] == [int(line.split()[0]) for line in out.splitlines()]
+    code, out, _ = cli(capsys, "--store", store.root, "log", TASK, "-n", str(count), "--json")
+    assert [3, 2, 1, 0][:count] == [json.loads(line)["seq"] for line in out.splitlines()]
+
+
+@pytest.mark.parametrize("count", ["0", "-1", "x"])
+def test_log_n_needs_a_positive_count(
+    store: castore.Store, capsys: pytest.CaptureFixture[str], count: str
+) -> None:
+    """`log -n 0` (or a negative or non-number) is a usage error."""
+    make_unresolved(store)
+    code, out, err = cli(capsys, "--store", store.root, "log", TASK, "-n", count)
+    assert (2, "") == (code, out)
+    assert_one_error_line(err)
 
 
 def test_log_json_is_one_snapshot_per_line(

@@ -1,4 +1,4 @@
-"""`castore status`, `castore log` and `castore show`: read-only views of a store."""
+"""`castore log` and `castore show`: a task's chain, and one object decoded."""
 
 from __future__ import annotations
 
@@ -8,54 +8,15 @@ import time
 from typing import Any
 
 from castore import codec
-from castore.cli import EXIT_INTEGRITY, EXIT_OK, EXIT_UNKNOWN_OUTCOME, open_store
+from castore.cli import EXIT_OK, open_store, positive_int
 from castore.errors import ObjectMissingError, UsageError
 from castore.layout import validate_object_id
 from castore.records import Snapshot
-from castore.status import TaskStatus
 from castore.store import Store
 
 
 def _emit_json(value: Any) -> None:
     print(json.dumps(value, sort_keys=True, ensure_ascii=False))
-
-
-def _age(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.1f}{unit}"
-    return f"{seconds:.0f}s"
-
-
-def _status_line(status: TaskStatus) -> str:
-    if status.error:
-        return f"{status.task}  BROKEN: {status.error}"
-    step = "finished" if status.finished else f"at {status.step}"
-    head = f"{status.task}  seq {status.seq}  {step}  next: {status.next_action}"
-    lines = [head]
-    lines.extend(
-        f"    effect {e.step}: {e.state} for {_age(e.age_s)} (attempts {e.attempts}, key {e.key})"
-        f" -> {e.next_action}: {e.reason}"
-        for e in status.effects
-    )
-    return "\n".join(lines)
-
-
-def cmd_status(args: argparse.Namespace) -> int:
-    store = open_store(args)
-    tasks = [args.task] if args.task else store.tasks()
-    statuses = [store.status(task) for task in tasks]
-    if args.json:
-        for status in statuses:
-            _emit_json(status.to_json())
-    elif not statuses:
-        print(f"no tasks in {store.root}")
-    for status in statuses if not args.json else ():
-        print(_status_line(status))
-    if any(s.error for s in statuses):
-        return EXIT_INTEGRITY
-    unknown = any(e.state == "UNRESOLVED" for s in statuses for e in s.effects)
-    return EXIT_UNKNOWN_OUTCOME if unknown else EXIT_OK
 
 
 def _transition_text(snapshot: Snapshot) -> str:
@@ -81,7 +42,7 @@ def _transition_text(snapshot: Snapshot) -> str:
 
 def cmd_log(args: argparse.Namespace) -> int:
     store = open_store(args)
-    for snapshot_id, snapshot in store.history(args.task):
+    for snapshot_id, snapshot in store.history(args.task)[: args.count]:
         if args.json:
             _emit_json({"id": snapshot_id, **codec.to_builtins(snapshot)})
             continue
@@ -120,12 +81,11 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    status = verbs.add_parser("status", help="each task's HEAD, effects and next action")
-    status.add_argument("task", nargs="?", help="one task (default: all)")
-    status.add_argument("--json", action="store_true", help="one JSON object per task")
-    status.set_defaults(handler=cmd_status)
     log = verbs.add_parser("log", help="a task's chain, newest first")
     log.add_argument("task")
+    log.add_argument(
+        "-n", type=positive_int, metavar="N", dest="count", help="only the newest N snapshots"
+    )
     log.add_argument("--json", action="store_true", help="one JSON object per snapshot")
     log.set_defaults(handler=cmd_log)
     show = verbs.add_parser("show", help="one object, decoded (ID or TASK@SEQ)")
