@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from castore import codec
-from castore.cli import EXIT_OK, open_store, positive_int
+from castore.cli import EXIT_OK, lookup, open_store, positive_int
 from castore.errors import ObjectMissingError, UsageError
 from castore.layout import validate_object_id
 from castore.records import Snapshot
@@ -52,7 +52,8 @@ def cmd_log(args: argparse.Namespace) -> int:
 
 
 def _resolve_ref(store: Store, ref: str) -> str:
-    """An object id from `ID` or `TASK@SEQ` (a snapshot by its place in a task's chain)."""
+    """An object id from `ID`, a unique prefix of one, or `TASK@SEQ` (a snapshot by its
+    place in a task's chain)."""
     if "@" in ref and not ref.startswith("@"):
         task, _, seq = ref.rpartition("@")
         if not seq.isdigit():
@@ -61,6 +62,8 @@ def _resolve_ref(store: Store, ref: str) -> str:
             if snapshot.seq == int(seq):
                 return snapshot_id
         raise UsageError(f"task {task!r} has no snapshot {seq}; see `castore log {task}`")
+    if len(ref) != 64:
+        return lookup.object_by_prefix(store, ref)
     return validate_object_id(ref)
 
 
@@ -88,7 +91,9 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     log.add_argument("--json", action="store_true", help="one JSON object per snapshot")
     log.set_defaults(handler=cmd_log)
-    show = verbs.add_parser("show", help="one object, decoded (ID or TASK@SEQ)")
+    show = verbs.add_parser(
+        "show", help=f"one object, decoded (ID, its first {lookup.MIN_PREFIX}+ digits, or TASK@SEQ)"
+    )
     show.add_argument("id", metavar="ID")
     show.add_argument("--json", action="store_true")
     show.set_defaults(handler=cmd_show)
