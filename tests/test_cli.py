@@ -534,12 +534,17 @@ def test_show_of_a_bad_reference_is_a_usage_error(
 def test_log_of_a_corrupted_chain_exits_3(
     store: castore.Store, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A flipped bit in a snapshot makes `log` exit 3 with one error line and no output."""
+    """A flipped bit in a snapshot makes `log` exit 3 with one error line, the damaged slot
+    named in its place among the intact ones; `show` of the damaged object exits 3."""
     make_unresolved(store)
     snapshot_id = store.history(TASK)[2][0]  # seq 1
     rewrite(Path(store.layout.slot_path(TASK, 1)), flip_bit)
     code, out, err = cli(capsys, "--store", str(store.root), "log", TASK)
-    assert (3, "") == (code, out)
+    assert 3 == code
+    assert (
+        "slot 1: damaged: its bytes match no stored object (run `castore fsck`)"
+        == (out.splitlines()[2])
+    )
     assert_one_error_line(err)
     code, out, err = cli(capsys, "--store", str(store.root), "show", snapshot_id)
     assert (3, "") == (code, out)

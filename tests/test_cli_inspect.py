@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+from pathlib import Path
 
 import pytest
-from helpers import cli
+from helpers import cli, rewrite
 from test_cli import TASK, assert_one_error_line, make_unresolved
 
 import castore
@@ -91,3 +93,136 @@ def test_a_prefix_no_object_has_is_a_usage_error(
     assert (2, "") == (code, out)
     assert_one_error_line(err)
     assert "no object with that prefix" in err
+
+
+# --------------------------------------------------------------------------- one bad slot
+
+LONG = castore.Plan.build("long", *(f"s{n}" for n in range(9)))
+
+
+def make_long(store: castore.Store, task: str = "long") -> list[str]:
+    """A finished task of 10 snapshots (seq 0 to 9); their ids, oldest first."""
+    with store.open_task(task, LONG) as run:
+        for step in run.pending():
+            run.commit_step(step, {"step": step})
+    return [i for i, _ in reversed(store.history(task))]
+
+
+def truncate(path: Path) -> None:
+    rewrite(path, lambda data: data[: len(data) // 2])
+
+
+def test_log_shows_every_intact_slot_around_a_truncated_one(
+    store: castore.Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`log` of a chain whose slot 7 is truncated prints slots 9 to 0 in order, slot 7 as
+    what is wrong with it, then one error line, and exits 3."""
+    ids = make_long(store)
+    truncate(Path(store.layout.slot_path("long", 7)))
+    code, out, err = cli(capsys, "--store", store.root, "log", "long")
+    assert 3 == code
+    lines = out.splitlines()
+    assert 10 == len(lines)
+    assert lines[2].startswith("slot 7: body truncated: ")
+    assert lines[2].endswith(" (run `castore fsck`)")
+    others = [line for index, line in enumerate(lines) if index != 2]
+    assert [9, 8, 6, 5, 4, 3, 2, 1, 0] == [int(line.split()[0]) for line in others]
+    assert [ids[s][:12] for s in (9, 8, 6, 5, 4, 3, 2, 1, 0)] == [
+        line.split()[3] for line in others
+    ]
+    assert_one_error_line(err)
+    assert "castore fsck --task long" in err
+    code, out, _ = cli(capsys, "--store", store.root, "log", "long", "--json")
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert (3, list(range(9, -1, -1))) == (code, [row["seq"] for row in rows])
+    assert ("truncated" in rows[2]["problem"], rows[2]["path"]) == (
+        True,
+        store.layout.slot_path("long", 7),
+    )
+    assert [ids[s] for s in (9, 8, 6, 5, 4, 3, 2, 1, 0)] == [
+        row["id"] for row in rows if "problem" not in row
+    ]
+
+
+def test_show_of_an_intact_slot_works_in_a_damaged_chain(
+    store: castore.Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`show TASK@3` prints slot 3's snapshot (exit 0) though slot 7 is truncated, with one
+    warning line naming what is broken; `show TASK@7` exits 3 with one error line."""
+    ids = make_long(store)
+    before = cli(capsys, "--store", store.root, "show", ids[3])
+    truncate(Path(store.layout.slot_path("long", 7)))
+    code, out, err = cli(capsys, "--store", store.root, "show", "long@3")
+    assert (0, before[1]) == (code, out)
+    assert 1 == len(err.splitlines()), err
+    assert err.startswith("castore: warning: task 'long': chain does not verify: "), err
+    code, out, err = cli(capsys, "--store", store.root, "show", "long@7")
+    assert (3, "") == (code, out)
+    assert_one_error_line(err)
+    assert "slot 7" in err
+    code, out, err = cli(capsys, "--store", store.root, "show", "long@12")
+    assert (2, "") == (code, out)
+    assert_one_error_line(err)
+
+
+def test_log_names_a_missing_middle_slot(
+    store: castore.Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A deleted slot 4 is a line "slot 4: missing" between the intact slots, exit 3; slot 5,
+    whose parent slot is gone, is still shown."""
+    make_long(store)
+    Path(store.layout.slot_path("long", 4)).unlink()
+    code, out, _ = cli(capsys, "--store", store.root, "log", "long")
+    lines = out.splitlines()
+    assert (3, 10) == (code, len(lines))
+    assert "slot 4: missing (run `castore fsck`)" == lines[5]
+    assert 5 == int(lines[4].split()[0])
+    assert 0 == cli(capsys, "--store", store.root, "show", "long@5")[0]
+
+
+def test_log_names_a_slot_that_is_not_where_it_claims_to_be(
+    store: castore.Store, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """In a broken chain (slot 8 truncated), slot 5 replaced by slot 3's snapshot is named
+    as holding the wrong one, and slot 2 replaced by the seq-2 snapshot of another store's
+    task of the same id as having a parent that is not slot 1."""
+    ids = make_long(store)
+    other = castore.Store.init(tmp_path / "other")
+    with other.open_task("long", LONG) as run:
+        for step in run.pending():
+            run.commit_step(step, {"other": step})
+    foreign = other.history("long")[-3][0]  # seq 2
+    Path(store.objects.path(foreign)).write_bytes(Path(other.objects.path(foreign)).read_bytes())
+    for seq, object_id in ((5, ids[3]), (2, foreign)):
+        slot = Path(store.layout.slot_path("long", seq))
+        slot.unlink()
+        os.link(store.objects.path(object_id), slot)
+    truncate(Path(store.layout.slot_path("long", 8)))
+    code, out, _ = cli(capsys, "--store", store.root, "log", "long")
+    lines = out.splitlines()
+    assert 3 == code
+    assert "slot 5: holds snapshot 3 of task 'long' (run `castore fsck`)" == lines[4]
+    parent = other.history("long")[-2][0]
+    assert (
+        f"slot 2: its parent is {parent}, slot 1 holds {ids[1]} (run `castore fsck`)" == (lines[7])
+    )
+    assert [9, 7, 6, 4, 3, 1, 0] == [
+        int(line.split()[0]) for line in lines if not line.startswith("slot ")
+    ]
+
+
+def test_log_names_a_long_gap_once(
+    store: castore.Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An empty slot planted at 99999 is one line, the gap from HEAD to it another, then the
+    intact chain: the reader does not walk the gap slot by slot."""
+    make_long(store)
+    Path(store.layout.slot_path("long", 99999)).write_bytes(b"")
+    code, out, _ = cli(capsys, "--store", store.root, "log", "long")
+    lines = out.splitlines()
+    assert (3, 12) == (code, len(lines))
+    assert [
+        "slot 99999: file is empty (run `castore fsck`)",
+        "slot 10: missing (and so are slots 11 to 99998) (run `castore fsck`)",
+    ] == lines[:2]
+    assert list(range(9, -1, -1)) == [int(line.split()[0]) for line in lines[2:]]

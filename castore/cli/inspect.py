@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from typing import Any
 
 from castore import codec
-from castore.cli import EXIT_OK, lookup, open_store, positive_int
-from castore.errors import ObjectMissingError, UsageError
+from castore.cli import EXIT_INTEGRITY, EXIT_OK, history, lookup, open_store, positive_int
+from castore.errors import ChainError, ObjectMissingError, UsageError
 from castore.layout import validate_object_id
 from castore.records import Snapshot
 from castore.store import Store
@@ -40,15 +41,36 @@ def _transition_text(snapshot: Snapshot) -> str:
     return " ".join(parts)
 
 
+def _snapshot_line(snapshot_id: str, snapshot: Snapshot) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(snapshot.time_ms / 1000))
+    return f"{snapshot.seq:>6}  {when}Z  {snapshot_id[:12]}  {_transition_text(snapshot)}"
+
+
 def cmd_log(args: argparse.Namespace) -> int:
     store = open_store(args)
-    for snapshot_id, snapshot in store.history(args.task)[: args.count]:
+    try:
+        slots = [history.Slot(s.seq, "", i, s) for i, s in store.history(args.task)]
+        broken = None
+    except ChainError as exc:
+        # Resuming refuses the whole chain; a person looking at it sees every intact slot.
+        slots, broken = history.read_slots(store, args.task), exc
+    for slot in slots[: args.count]:
         if args.json:
-            _emit_json({"id": snapshot_id, **codec.to_builtins(snapshot)})
-            continue
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(snapshot.time_ms / 1000))
-        print(f"{snapshot.seq:>6}  {when}Z  {snapshot_id[:12]}  {_transition_text(snapshot)}")
-    return EXIT_OK
+            _emit_json(_slot_json(slot))
+        elif slot.snapshot is not None and slot.object_id is not None:
+            print(_snapshot_line(slot.object_id, slot.snapshot))
+        else:
+            print(history.slot_line(slot))
+    if broken is None:
+        return EXIT_OK
+    print(f"castore: error: {history.chain_note(args.task, broken)}", file=sys.stderr)
+    return EXIT_INTEGRITY
+
+
+def _slot_json(slot: history.Slot) -> dict[str, Any]:
+    if slot.snapshot is not None:
+        return {"id": slot.object_id, **codec.to_builtins(slot.snapshot)}
+    return {"seq": slot.seq, "id": slot.object_id, "path": slot.path, "problem": slot.problem}
 
 
 def _resolve_ref(store: Store, ref: str) -> str:
@@ -58,10 +80,10 @@ def _resolve_ref(store: Store, ref: str) -> str:
         task, _, seq = ref.rpartition("@")
         if not seq.isdigit():
             raise UsageError(f"{ref!r}: after '@' comes a sequence number, as in invoice/42@3")
-        for snapshot_id, snapshot in store.history(task):
-            if snapshot.seq == int(seq):
-                return snapshot_id
-        raise UsageError(f"task {task!r} has no snapshot {seq}; see `castore log {task}`")
+        snapshot_id, note = history.snapshot_at(store, task, int(seq))
+        if note is not None:
+            print(f"castore: warning: {note}", file=sys.stderr)
+        return snapshot_id
     if len(ref) != 64:
         return lookup.object_by_prefix(store, ref)
     return validate_object_id(ref)
