@@ -9,6 +9,7 @@ positional PATH.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import sys
@@ -100,11 +101,20 @@ def open_store(args: argparse.Namespace) -> castore.Store:
     return castore.Store.open(store_path(args))
 
 
+def emit_json(value: object) -> None:
+    """One JSON document on one line of stdout (every verb's --json output)."""
+    print(json.dumps(value, sort_keys=True, ensure_ascii=False))
+
+
 def cmd_init(args: argparse.Namespace) -> int:
     store = castore.Store.init(store_path(args))
-    print(
-        f"initialised empty castore store (format {castore.codec.FORMAT_VERSION}) in {store.root}"
-    )
+    if args.json:
+        emit_json({"store": store.root, "format": castore.codec.FORMAT_VERSION})
+    else:
+        print(
+            f"initialised empty castore store (format {castore.codec.FORMAT_VERSION}) in "
+            f"{store.root}"
+        )
     return EXIT_OK
 
 
@@ -131,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     verbs.required = True
     init = verbs.add_parser("init", help="create an empty store")
     add_path_argument(init)
+    init.add_argument("--json", action="store_true", help="print {store, format}")
     init.set_defaults(handler=cmd_init)
     from castore.cli import verbs as verb_modules  # noqa: PLC0415 - they import this module
 

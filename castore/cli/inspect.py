@@ -9,15 +9,19 @@ import time
 from typing import Any
 
 from castore import codec
-from castore.cli import EXIT_INTEGRITY, EXIT_OK, history, lookup, open_store, positive_int
+from castore.cli import (
+    EXIT_INTEGRITY,
+    EXIT_OK,
+    emit_json,
+    history,
+    lookup,
+    open_store,
+    positive_int,
+)
 from castore.errors import ChainError, ObjectMissingError, UsageError
 from castore.layout import validate_object_id
 from castore.records import Snapshot
 from castore.store import Store
-
-
-def _emit_json(value: Any) -> None:
-    print(json.dumps(value, sort_keys=True, ensure_ascii=False))
 
 
 def _transition_text(snapshot: Snapshot) -> str:
@@ -56,7 +60,7 @@ def cmd_log(args: argparse.Namespace) -> int:
         slots, broken = history.read_slots(store, args.task), exc
     for slot in slots[: args.count]:
         if args.json:
-            _emit_json(_slot_json(slot))
+            emit_json(_slot_json(slot))
         elif slot.snapshot is not None and slot.object_id is not None:
             print(_snapshot_line(slot.object_id, slot.snapshot))
         else:
@@ -98,7 +102,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     kind, body = codec.unframe(data, store.objects.path(object_id))
     value = codec.decode_value(body)
     if args.json:
-        _emit_json({"id": object_id, "kind": kind, "size": len(data), "value": value})
+        emit_json({"id": object_id, "kind": kind, "size": len(data), "value": value})
     else:
         print(f"{kind} {object_id} ({len(data)} bytes)")
         print(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False))

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
-import json
-from typing import Any
 
-from castore.cli import EXIT_INTEGRITY, EXIT_OK, EXIT_UNKNOWN_OUTCOME, open_store
+from castore.cli import EXIT_INTEGRITY, EXIT_OK, EXIT_UNKNOWN_OUTCOME, emit_json, open_store
 from castore.layout import encode_task_id
 from castore.status import TaskStatus
 from castore.store import Store
@@ -78,10 +76,6 @@ def _summary_line(counts: dict[str, int]) -> str:
     )
 
 
-def _emit_json(value: Any) -> None:
-    print(json.dumps(value, sort_keys=True, ensure_ascii=False))
-
-
 def cmd_status(args: argparse.Namespace) -> int:
     store = open_store(args)
     statuses = [store.status(task) for task in _selected_tasks(store, args.task)]
@@ -89,8 +83,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     counts = summary(statuses)
     if args.json:
         for status in statuses:
-            _emit_json(status.to_json())
-        _emit_json({"summary": counts})
+            emit_json(status.to_json())
+        emit_json({"summary": counts})
     elif not statuses:
         print(
             f"no {'matching ' if args.task or args.open or args.unresolved else ''}tasks in "
