@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
+import sysconfig
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ import pytest
 from helpers import Entry, cli, flip_bit, rewrite
 
 import castore
+from castore.cli.demo import castore_command
 
 PLAN = castore.Plan.build("cli", "price", castore.effect("charge", "price"), "email")
 NEITHER = castore.Service("payments")  # neither deduplicates nor can be asked: UNRESOLVED
@@ -572,6 +575,51 @@ def test_demo_exits_0_and_shows_one_charge(
     lines = [line.strip() for line in out.splitlines()]
     assert "service ledger: charge applied 1 time" in lines
     assert "OK: the charge was made once, nothing was lost." in lines
+    hint = f"Look around: {castore_command()} --store {tmp_path / 'demo'} log demo-order-1"
+    assert hint == lines[-1]
     store = castore.Store.open(tmp_path / "demo")
     assert ["demo-order-1"] == store.tasks()
     assert True is store.status("demo-order-1").finished
+
+
+def _run_as_typed(command: str, cwd: Path, path: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PATH": path}
+    return subprocess.run(
+        ["/bin/sh", "-c", f"{command} --version"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("where", ["elsewhere", "above-the-venv", "on-path", "no-script"])
+def test_demo_hint_is_a_command_that_works_as_typed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """The demo's closing hint names castore so that the shell finds it from where the user
+    is: `castore` only when PATH leads to this installation's script, else that script's path
+    (relative below the working directory), else `python -m castore`; each runs as typed."""
+    scripts = Path(sysconfig.get_path("scripts"))
+    path = "/usr/bin:/bin"
+    cwd = tmp_path
+    if where == "above-the-venv":
+        cwd = scripts.parent.parent
+    elif where == "on-path":
+        path = f"{scripts}:{path}"
+    elif where == "no-script":
+        monkeypatch.setattr(sysconfig, "get_path", lambda name: str(tmp_path))
+    monkeypatch.chdir(cwd)
+    monkeypatch.setenv("PATH", path)
+    command = castore_command()
+    expected = {
+        "elsewhere": shlex.quote(str(scripts / "castore")),
+        "above-the-venv": shlex.quote(os.path.join(scripts.parent.name, scripts.name, "castore")),
+        "on-path": "castore",
+        "no-script": f"{shlex.quote(sys.executable)} -m castore",
+    }[where]
+    assert expected == command
+    done = _run_as_typed(command, cwd, path)
+    assert (0, f"castore {castore.__version__}\n") == (done.returncode, done.stdout), done.stderr

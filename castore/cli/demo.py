@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
+import shutil
+import sys
+import sysconfig
 
 from castore.cli import EXIT_FINDINGS, EXIT_OK, add_path_argument, emit_json, store_path
 from castore.lab.demo import run_demo
@@ -11,7 +15,7 @@ from castore.lab.demo import run_demo
 
 def cmd_demo(args: argparse.Namespace) -> int:
     path = store_path(args)
-    report = run_demo(path, say=_quiet if args.json else print)
+    report = run_demo(path, say=_quiet if args.json else print, command=castore_command())
     if args.json:
         emit_json(
             {
@@ -23,6 +27,26 @@ def cmd_demo(args: argparse.Namespace) -> int:
             }
         )
     return EXIT_OK if report.ok else EXIT_FINDINGS
+
+
+def castore_command() -> str:
+    """How the user's shell reaches this castore, as typed: `castore` if that name on PATH
+    is this installation's script, else the script's path (`.venv/bin/castore` after the
+    README's install), else this interpreter with `-m castore`."""
+    script = os.path.join(sysconfig.get_path("scripts"), "castore")
+    if not (os.path.isfile(script) and os.access(script, os.X_OK)):
+        return f"{shlex.quote(_short(sys.executable))} -m castore"
+    on_path = shutil.which("castore")
+    if on_path is not None and os.path.samefile(on_path, script):
+        return "castore"
+    return shlex.quote(_short(script))
+
+
+def _short(path: str) -> str:
+    """`path` relative to the working directory when it lies below it (still a path to the
+    shell: it has a slash), else absolute."""
+    relative = os.path.relpath(path)
+    return relative if not relative.startswith(os.pardir) and os.sep in relative else path
 
 
 def _quiet(line: str) -> None:
