@@ -106,18 +106,6 @@ def emit_json(value: object) -> None:
     print(json.dumps(value, sort_keys=True, ensure_ascii=False))
 
 
-def cmd_init(args: argparse.Namespace) -> int:
-    store = castore.Store.init(store_path(args))
-    if args.json:
-        emit_json({"store": store.root, "format": castore.codec.FORMAT_VERSION})
-    else:
-        print(
-            f"initialised empty castore store (format {castore.codec.FORMAT_VERSION}) in "
-            f"{store.root}"
-        )
-    return EXIT_OK
-
-
 class _ArgumentError(Exception):
     """Bad command-line arguments; main() prints them in castore's one-line error format."""
 
@@ -139,10 +127,6 @@ def build_parser() -> argparse.ArgumentParser:
     _add_store_option(parser, default=None)
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
     verbs.required = True
-    init = verbs.add_parser("init", help="create an empty store")
-    add_path_argument(init)
-    init.add_argument("--json", action="store_true", help="print {store, format}")
-    init.set_defaults(handler=cmd_init)
     from castore.cli import verbs as verb_modules  # noqa: PLC0415 - they import this module
 
     for register in verb_modules.REGISTRARS:
