@@ -520,7 +520,9 @@ def test_show_json(store: castore.Store, capsys: pytest.CaptureFixture[str]) -> 
     assert (plan_id, "plan") == (row["id"], row["kind"])
 
 
-@pytest.mark.parametrize("ref", ["not-an-id", "ABCDEF", f"{TASK}@x", f"{TASK}@99"])
+@pytest.mark.parametrize(
+    "ref", ["not-an-id", "ABCDEF", f"{TASK}@x", f"{TASK}@99", f"{TASK}@³", f"{TASK}@{10**20}"]
+)
 def test_show_of_a_bad_reference_is_a_usage_error(
     store: castore.Store, capsys: pytest.CaptureFixture[str], ref: str
 ) -> None:

@@ -19,6 +19,7 @@ from castore.errors import (
     UnsafeFileError,
     UsageError,
 )
+from castore.layout import MAX_SEQ
 from castore.records import Snapshot
 from castore.refs import TaskSlots
 from castore.store import Store
@@ -121,7 +122,7 @@ def snapshot_at(store: Store, task_id: str, seq: int) -> tuple[str, str | None]:
 def _intact_slot(store: Store, task_id: str, seq: int) -> str:
     """Slot `seq` read on its own, and checked against slot `seq - 1` as its parent."""
     slots = TaskSlots(store.layout, store.objects, task_id)
-    if not slots.exists(seq):
+    if seq > MAX_SEQ or not slots.exists(seq):
         raise _no_snapshot(task_id, seq)
     slot = _read_slot(store, slots, seq)
     if seq > 0 and slots.exists(seq - 1):

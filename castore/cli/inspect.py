@@ -53,7 +53,10 @@ def _snapshot_line(snapshot_id: str, snapshot: Snapshot) -> str:
 def cmd_log(args: argparse.Namespace) -> int:
     store = open_store(args)
     try:
-        slots = [history.Slot(s.seq, "", i, s) for i, s in store.history(args.task)]
+        slots = [
+            history.Slot(s.seq, store.layout.slot_path(args.task, s.seq), i, s)
+            for i, s in store.history(args.task)
+        ]
         broken = None
     except ChainError as exc:
         # Resuming refuses the whole chain; a person looking at it sees every intact slot.
@@ -82,7 +85,7 @@ def _resolve_ref(store: Store, ref: str) -> str:
     place in a task's chain)."""
     if "@" in ref and not ref.startswith("@"):
         task, _, seq = ref.rpartition("@")
-        if not seq.isdigit():
+        if not (seq.isascii() and seq.isdigit()):  # isdigit alone takes '³', which int() refuses
             raise UsageError(f"{ref!r}: after '@' comes a sequence number, as in invoice/42@3")
         snapshot_id, note = history.snapshot_at(store, task, int(seq))
         if note is not None:
