@@ -625,3 +625,20 @@ def test_demo_hint_is_a_command_that_works_as_typed(
     assert expected == command
     done = _run_as_typed(command, cwd, path)
     assert (0, f"castore {castore.__version__}\n") == (done.returncode, done.stdout), done.stderr
+
+
+def test_status_prints_a_key_with_a_line_separator_on_one_line(
+    store: castore.Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An idempotency key holding U+2028 is printed escaped: the effect stays one line and
+    the summary is still the last line."""
+    with store.open_task(TASK, PLAN) as run:
+        run.commit_step("price", 1)
+        effect = run.effect("charge", castore.Service("pay"), key="k-1\u2028error: forged")
+        with pytest.raises(ConnectionError), effect:
+            raise ConnectionError("no answer")
+    code, out, _ = cli(capsys, "--store", store.root, "status")
+    lines = out.splitlines()  # splits at U+2028 too
+    assert (0, 3) == (code, len(lines))
+    assert repr("k-1\u2028error: forged") in lines[1]
+    assert "1 task: 1 with open effects, 0 unresolved, 0 broken" == lines[2]

@@ -227,3 +227,19 @@ def test_log_names_a_long_gap_once(
         "slot 10: missing (and so are slots 11 to 99998) (run `castore fsck`)",
     ] == lines[:2]
     assert list(range(9, -1, -1)) == [int(line.split()[0]) for line in lines[2:]]
+
+
+def test_an_ambiguity_error_prints_a_planted_header_escaped(
+    store: castore.Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file planted under an object's name whose header's kind holds a carriage return is
+    named escaped in the ambiguity error, which stays one line."""
+    object_id = store.put_blob({"n": 1}).blob
+    planted = object_id[:MIN_PREFIX] + "f" * (64 - MIN_PREFIX)
+    if planted == object_id:
+        planted = object_id[:MIN_PREFIX] + "e" * (64 - MIN_PREFIX)
+    Path(store.layout.object_path(planted)).write_bytes(b"castore 1 bl\rob 2\n{}")
+    code, out, err = cli(capsys, "--store", store.root, "show", object_id[:MIN_PREFIX])
+    assert (2, "") == (code, out)
+    assert_one_error_line(err)
+    assert f"{planted[:16]} ('bl\\rob')" in err

@@ -101,6 +101,13 @@ def open_store(args: argparse.Namespace) -> castore.Store:
     return castore.Store.open(store_path(args))
 
 
+def shown(text: str) -> str:
+    """Text that is not castore's own (a key, a reason, a planted file's header) as it may be
+    printed: itself if printable, else its repr. Printed raw, a newline or U+2028 in it would
+    forge a line of output. The same rule as `layout.display_name` on main."""
+    return text if text.isprintable() else repr(text)
+
+
 def emit_json(value: object) -> None:
     """One JSON document on one line of stdout (every verb's --json output)."""
     print(json.dumps(value, sort_keys=True, ensure_ascii=False))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import attrs
 
 from castore import codec
+from castore.cli import shown
 from castore.digest import hash_bytes
 from castore.errors import (
     CastoreError,
@@ -103,7 +104,8 @@ def _check_parent(slot: Slot, older: Slot | None) -> Slot:
 
 def slot_line(slot: Slot) -> str:
     """What is wrong with a slot, as `log` prints it in the slot's place."""
-    return f"slot {slot.seq}: {slot.problem} (run `castore fsck`)"
+    # A problem may quote a damaged file's bytes (an exception's text): one line, whatever.
+    return f"slot {slot.seq}: {shown(str(slot.problem))} (run `castore fsck`)"
 
 
 def snapshot_at(store: Store, task_id: str, seq: int) -> tuple[str, str | None]:

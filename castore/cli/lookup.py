@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 
+from castore.cli import shown
 from castore.errors import UsageError
 from castore.layout import is_object_name
 from castore.store import Store
@@ -13,7 +14,7 @@ from castore.store import Store
 # rather than answered with a long list of candidates.
 MIN_PREFIX = 6
 _PREFIX = re.compile(rf"[0-9a-f]{{{MIN_PREFIX},63}}")
-_SHOWN = 10  # candidates named in an ambiguity error
+_CANDIDATES = 10  # candidates named in an ambiguity error
 
 
 def is_prefix(ref: str) -> bool:
@@ -44,10 +45,14 @@ def object_by_prefix(store: Store, prefix: str) -> str:
             "see `castore log TASK` for the ids of a task's snapshots"
         )
     if len(found) > 1:
-        shown = ", ".join(f"{name[:16]} ({store.objects.kind_of(name)})" for name in found[:_SHOWN])
-        more = f" and {len(found) - _SHOWN} more" if len(found) > _SHOWN else ""
+        # The kind comes from a header anyone could have planted: printed escaped.
+        candidates = ", ".join(
+            f"{name[:16]} ({shown(str(store.objects.kind_of(name)))})"
+            for name in found[:_CANDIDATES]
+        )
+        more = f" and {len(found) - _CANDIDATES} more" if len(found) > _CANDIDATES else ""
         raise UsageError(
-            f"prefix {prefix!r} is ambiguous: {len(found)} objects match: {shown}{more}; "
+            f"prefix {prefix!r} is ambiguous: {len(found)} objects match: {candidates}{more}; "
             "give more digits"
         )
     return found[0]

@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 import fnmatch
 
-from castore.cli import EXIT_INTEGRITY, EXIT_OK, EXIT_UNKNOWN_OUTCOME, emit_json, open_store
+from castore.cli import (
+    EXIT_INTEGRITY,
+    EXIT_OK,
+    EXIT_UNKNOWN_OUTCOME,
+    emit_json,
+    open_store,
+    shown,
+)
 from castore.layout import encode_task_id
 from castore.status import TaskStatus
 from castore.store import Store
@@ -22,13 +29,14 @@ def _age(seconds: float) -> str:
 
 def _status_line(status: TaskStatus) -> str:
     if status.error:
-        return f"{status.task}  BROKEN: {status.error}"
+        return f"{status.task}  BROKEN: {shown(status.error)}"
     step = "finished" if status.finished else f"at {status.step}"
     head = f"{status.task}  seq {status.seq}  {step}  next: {status.next_action}"
     lines = [head]
+    # A key or a reason is the caller's text: one holding a line break would forge a line.
     lines.extend(
-        f"    effect {e.step}: {e.state} for {_age(e.age_s)} (attempts {e.attempts}, key {e.key})"
-        f" -> {e.next_action}: {e.reason}"
+        f"    effect {e.step}: {e.state} for {_age(e.age_s)} (attempts {e.attempts}, key "
+        f"{shown(str(e.key))}) -> {e.next_action}: {shown(e.reason)}"
         for e in status.effects
     )
     return "\n".join(lines)
