@@ -177,7 +177,7 @@ def assert_reported_unresolved(
     assert "effect charge: UNRESOLVED" in out
     code, out, _ = cli(capsys, "--store", str(lab.root), "status", lab.task, "--json")
     assert 6 == code
-    effects = json.loads(out)["effects"]
+    effects = json.loads(out.splitlines()[0])["effects"]  # then the summary line
     assert [("charge", "UNRESOLVED", lab.key("charge"))] == [
         (e["step"], e["state"], e["key"]) for e in effects
     ]

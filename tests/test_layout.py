@@ -394,7 +394,9 @@ def test_a_planted_task_directory_is_a_finding_printed_escaped(
     assert f"warning: bad-task-name: {layout.display_name('tasks/' + name)}: " in bad[0]
     assert all(line.isprintable() for line in lines)
     code, out, err = cli(capsys, "--store", store.root, "status")
-    assert (0, "", ["plain"]) == (code, err, [line.split()[0] for line in out.splitlines()])
+    *task_lines, summary = out.splitlines()  # status closes with a count line
+    assert (0, "", ["plain"]) == (code, err, [line.split()[0] for line in task_lines])
+    assert summary.startswith("1 task")
 
 
 @pytest.mark.parametrize(

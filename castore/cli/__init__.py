@@ -1,13 +1,15 @@
 """The `castore` command: parsing, printing and exit codes (the only package that exits).
 
 Each verb lives in a module of this package with a `register(subparsers)` function. Every
-verb finds its store the same way: `--store PATH`, else `$CASTORE_STORE`, else `./.castore`;
-verbs whose whole job is one store also take it as a positional PATH.
+verb finds its store the same way: `--store PATH` (before or after the verb), else
+`$CASTORE_STORE`, else `./.castore`; verbs whose whole job is one store also take it as a
+positional PATH.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import sys
@@ -99,21 +101,21 @@ def open_store(args: argparse.Namespace) -> castore.Store:
     return castore.Store.open(store_path(args))
 
 
-def cmd_init(args: argparse.Namespace) -> int:
-    store = castore.Store.init(store_path(args))
-    print(
-        f"initialised empty castore store (format {castore.codec.FORMAT_VERSION}) in {store.root}"
-    )
-    return EXIT_OK
+def emit_json(value: object) -> None:
+    """One JSON document on one line of stdout (every verb's --json output)."""
+    print(json.dumps(value, sort_keys=True, ensure_ascii=False))
 
 
 class _ArgumentError(Exception):
     """Bad command-line arguments; main() prints them in castore's one-line error format."""
 
+    def __init__(self, message: str, prog: str) -> None:
+        super().__init__(f"{message} (see `{prog} --help`)")
+
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        raise _ArgumentError(f"{self.prog}: {message} (see `{self.prog} --help`)")
+        raise _ArgumentError(message, self.prog)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -122,19 +124,27 @@ def build_parser() -> argparse.ArgumentParser:
         description="A crash-safe checkpoint store for long-running agents and their side effects.",
     )
     parser.add_argument("--version", action="version", version=f"castore {castore.__version__}")
-    parser.add_argument(
-        "--store", metavar="PATH", help=f"the store (default: ${STORE_ENV}, else ./{DEFAULT_STORE})"
-    )
+    _add_store_option(parser, default=None)
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
     verbs.required = True
-    init = verbs.add_parser("init", help="create an empty store")
-    add_path_argument(init)
-    init.set_defaults(handler=cmd_init)
     from castore.cli import verbs as verb_modules  # noqa: PLC0415 - they import this module
 
     for register in verb_modules.REGISTRARS:
         register(verbs)
+    for verb_parser in verbs.choices.values():
+        # SUPPRESS: a verb's parser sets `store` only when given after the verb, so it never
+        # overwrites one given before the verb with its own default.
+        _add_store_option(verb_parser, default=argparse.SUPPRESS)
     return parser
+
+
+def _add_store_option(parser: argparse.ArgumentParser, default: str | None) -> None:
+    parser.add_argument(
+        "--store",
+        metavar="PATH",
+        default=default,
+        help=f"the store (default: ${STORE_ENV}, else ./{DEFAULT_STORE})",
+    )
 
 
 def add_path_argument(parser: argparse.ArgumentParser) -> None:
@@ -142,11 +152,21 @@ def add_path_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", nargs="?", metavar="PATH", help="the store (default: see --store)")
 
 
+def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The parsed command line; an argument no parser knows is reported against the verb it
+    came with, so the error points at that verb's help rather than the top level's."""
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        verbs.choices[args.verb].error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (the console script exits with it)."""
-    parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = parse_arguments(argv)
     except _ArgumentError as exc:
         print(f"castore: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

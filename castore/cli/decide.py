@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from castore.cli import EXIT_OK, open_store
+from castore.cli import EXIT_OK, emit_json, open_store
 
 
 def cmd_resolve(args: argparse.Namespace) -> int:
@@ -17,6 +17,17 @@ def cmd_resolve(args: argparse.Namespace) -> int:
         reason=args.reason,
         who=args.who,
     )
+    if args.json:
+        emit_json(
+            {
+                "task": args.task,
+                "effect": args.effect,
+                "state": "CONFIRMED" if args.confirmed else "NOT_DONE",
+                "receipt": args.confirmed,
+                "snapshot": snapshot_id,
+            }
+        )
+        return EXIT_OK
     outcome = f"CONFIRMED (receipt {args.confirmed})" if args.confirmed else "NOT_DONE"
     print(f"recorded: effect {args.effect} of task {args.task} is {outcome} ({snapshot_id[:12]})")
     return EXIT_OK
@@ -35,4 +46,7 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     resolve.add_argument("--reason", help="why you decided so (required with --not-done)")
     resolve.add_argument("--who", help="who decides (default: user@host)")
+    resolve.add_argument(
+        "--json", action="store_true", help="print {task, effect, state, receipt, snapshot}"
+    )
     resolve.set_defaults(handler=cmd_resolve)

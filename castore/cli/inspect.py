@@ -1,62 +1,27 @@
-"""`castore status`, `castore log` and `castore show`: read-only views of a store."""
+"""`castore log` and `castore show`: a task's chain, and one object decoded."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from typing import Any
 
 from castore import codec
-from castore.cli import EXIT_INTEGRITY, EXIT_OK, EXIT_UNKNOWN_OUTCOME, open_store
-from castore.errors import ObjectMissingError, UsageError
+from castore.cli import (
+    EXIT_INTEGRITY,
+    EXIT_OK,
+    emit_json,
+    history,
+    lookup,
+    open_store,
+    positive_int,
+)
+from castore.errors import ChainError, ObjectMissingError, UsageError
 from castore.layout import display_name, validate_object_id
 from castore.records import Snapshot
-from castore.status import TaskStatus
 from castore.store import Store
-
-
-def _emit_json(value: Any) -> None:
-    print(json.dumps(value, sort_keys=True, ensure_ascii=False))
-
-
-def _age(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.1f}{unit}"
-    return f"{seconds:.0f}s"
-
-
-def _status_line(status: TaskStatus) -> str:
-    if status.error:
-        return f"{status.task}  BROKEN: {display_name(status.error)}"
-    step = "finished" if status.finished else f"at {status.step}"
-    head = f"{status.task}  seq {status.seq}  {step}  next: {status.next_action}"
-    lines = [head]
-    # A key or a reason is the caller's text: one holding a line break would forge a line.
-    lines.extend(
-        f"    effect {e.step}: {e.state} for {_age(e.age_s)} (attempts {e.attempts}, key "
-        f"{display_name(str(e.key))}) -> {e.next_action}: {display_name(e.reason)}"
-        for e in status.effects
-    )
-    return "\n".join(lines)
-
-
-def cmd_status(args: argparse.Namespace) -> int:
-    store = open_store(args)
-    tasks = [args.task] if args.task else store.tasks()
-    statuses = [store.status(task) for task in tasks]
-    if args.json:
-        for status in statuses:
-            _emit_json(status.to_json())
-    elif not statuses:
-        print(f"no tasks in {store.root}")
-    for status in statuses if not args.json else ():
-        print(_status_line(status))
-    if any(s.error for s in statuses):
-        return EXIT_INTEGRITY
-    unknown = any(e.state == "UNRESOLVED" for s in statuses for e in s.effects)
-    return EXIT_UNKNOWN_OUTCOME if unknown else EXIT_OK
 
 
 def _transition_text(snapshot: Snapshot) -> str:
@@ -69,7 +34,7 @@ def _transition_text(snapshot: Snapshot) -> str:
             f"{t.effect_from.value if t.effect_from else '-'}->"
             f"{t.effect_to.value if t.effect_to else '-'}"
         )
-    if t.receipt:  # receipt, who and why are the caller's text: escaped if unprintable
+    if t.receipt:
         parts.append(f"receipt={display_name(t.receipt)}")
     if t.result_ref:
         parts.append(f"result=blob:{t.result_ref[:12]}")
@@ -80,27 +45,54 @@ def _transition_text(snapshot: Snapshot) -> str:
     return " ".join(parts)
 
 
+def _snapshot_line(snapshot_id: str, snapshot: Snapshot) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(snapshot.time_ms / 1000))
+    return f"{snapshot.seq:>6}  {when}Z  {snapshot_id[:12]}  {_transition_text(snapshot)}"
+
+
 def cmd_log(args: argparse.Namespace) -> int:
     store = open_store(args)
-    for snapshot_id, snapshot in store.history(args.task):
+    try:
+        slots = [
+            history.Slot(s.seq, store.layout.slot_path(args.task, s.seq), i, s)
+            for i, s in store.history(args.task)
+        ]
+        broken = None
+    except ChainError as exc:
+        # Resuming refuses the whole chain; a person looking at it sees every intact slot.
+        slots, broken = history.read_slots(store, args.task), exc
+    for slot in slots[: args.count]:
         if args.json:
-            _emit_json({"id": snapshot_id, **codec.to_builtins(snapshot)})
-            continue
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(snapshot.time_ms / 1000))
-        print(f"{snapshot.seq:>6}  {when}Z  {snapshot_id[:12]}  {_transition_text(snapshot)}")
-    return EXIT_OK
+            emit_json(_slot_json(slot))
+        elif slot.snapshot is not None and slot.object_id is not None:
+            print(_snapshot_line(slot.object_id, slot.snapshot))
+        else:
+            print(history.slot_line(slot))
+    if broken is None:
+        return EXIT_OK
+    print(f"castore: error: {history.chain_note(args.task, broken)}", file=sys.stderr)
+    return EXIT_INTEGRITY
+
+
+def _slot_json(slot: history.Slot) -> dict[str, Any]:
+    if slot.snapshot is not None:
+        return {"id": slot.object_id, **codec.to_builtins(slot.snapshot)}
+    return {"seq": slot.seq, "id": slot.object_id, "path": slot.path, "problem": slot.problem}
 
 
 def _resolve_ref(store: Store, ref: str) -> str:
-    """An object id from `ID` or `TASK@SEQ` (a snapshot by its place in a task's chain)."""
+    """An object id from `ID`, a unique prefix of one, or `TASK@SEQ` (a snapshot by its
+    place in a task's chain)."""
     if "@" in ref and not ref.startswith("@"):
         task, _, seq = ref.rpartition("@")
-        if not seq.isdigit():
+        if not (seq.isascii() and seq.isdigit()):  # isdigit alone takes '³', which int() refuses
             raise UsageError(f"{ref!r}: after '@' comes a sequence number, as in invoice/42@3")
-        for snapshot_id, snapshot in store.history(task):
-            if snapshot.seq == int(seq):
-                return snapshot_id
-        raise UsageError(f"task {task!r} has no snapshot {seq}; see `castore log {task}`")
+        snapshot_id, note = history.snapshot_at(store, task, int(seq))
+        if note is not None:
+            print(f"castore: warning: {note}", file=sys.stderr)
+        return snapshot_id
+    if len(ref) != 64:
+        return lookup.object_by_prefix(store, ref)
     return validate_object_id(ref)
 
 
@@ -113,7 +105,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     kind, body = codec.unframe(data, store.objects.path(object_id))
     value = codec.decode_value(body)
     if args.json:
-        _emit_json({"id": object_id, "kind": kind, "size": len(data), "value": value})
+        emit_json({"id": object_id, "kind": kind, "size": len(data), "value": value})
     else:
         print(f"{kind} {object_id} ({len(data)} bytes)")
         print(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False))
@@ -121,15 +113,16 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    status = verbs.add_parser("status", help="each task's HEAD, effects and next action")
-    status.add_argument("task", nargs="?", help="one task (default: all)")
-    status.add_argument("--json", action="store_true", help="one JSON object per task")
-    status.set_defaults(handler=cmd_status)
     log = verbs.add_parser("log", help="a task's chain, newest first")
     log.add_argument("task")
+    log.add_argument(
+        "-n", type=positive_int, metavar="N", dest="count", help="only the newest N snapshots"
+    )
     log.add_argument("--json", action="store_true", help="one JSON object per snapshot")
     log.set_defaults(handler=cmd_log)
-    show = verbs.add_parser("show", help="one object, decoded (ID or TASK@SEQ)")
+    show = verbs.add_parser(
+        "show", help=f"one object, decoded (ID, its first {lookup.MIN_PREFIX}+ digits, or TASK@SEQ)"
+    )
     show.add_argument("id", metavar="ID")
     show.add_argument("--json", action="store_true")
     show.set_defaults(handler=cmd_show)

@@ -10,6 +10,7 @@ from castore.cli import (
     EXIT_OK,
     EXIT_USAGE,
     add_path_argument,
+    emit_json,
     parse_duration,
     parse_duration_or_zero,
     positive_int,
@@ -84,6 +85,18 @@ def finding_line(finding: Finding) -> str:
 
 def cmd_gc(args: argparse.Namespace) -> int:
     report = collect(store_path(args), grace_s=args.grace, dry_run=args.dry_run)
+    status = EXIT_OK if not report.unreadable_tasks else EXIT_USAGE
+    if args.json:
+        emit_json(
+            {
+                "dry_run": args.dry_run,
+                "removed": report.removed,
+                "bytes_freed": report.bytes_freed,
+                "kept_young": report.kept_young,
+                "unreadable_tasks": report.unreadable_tasks,
+            }
+        )
+        return status
     verb = "would remove" if args.dry_run else "removed"
     for relpath in report.removed:
         print(f"{verb} {relpath}")
@@ -97,7 +110,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
         f"{verb} {len(report.removed)} file(s), {report.bytes_freed} bytes; "
         f"kept {report.kept_young} younger than the grace period"
     )
-    return EXIT_OK if not report.unreadable_tasks else EXIT_USAGE
+    return status
 
 
 def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -136,4 +149,5 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     gc.add_argument(
         "--dry-run", action="store_true", help="say what would be removed, remove nothing"
     )
+    gc.add_argument("--json", action="store_true", help="print one object: what was removed")
     gc.set_defaults(handler=cmd_gc)

@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from castore.cli import decide, demo, doctor, inspect, maintenance, watch
+from castore.cli import create, decide, demo, doctor, inspect, maintenance, overview, watch
 
 Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
 REGISTRARS: list[Registrar] = [
+    create.register,
+    overview.register,
     inspect.register,
     decide.register,
     maintenance.register,

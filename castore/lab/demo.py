@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import tempfile
@@ -49,8 +50,9 @@ def _next_task(store: castore.Store) -> str:
     return f"demo-order-{number}"
 
 
-def run_demo(path: str | os.PathLike[str], say: Say) -> DemoReport:
-    """Kill a worker after the service committed its charge, resume it, show the evidence."""
+def run_demo(path: str | os.PathLike[str], say: Say, command: str = "castore") -> DemoReport:
+    """Kill a worker after the service committed its charge, resume it, show the evidence;
+    the closing hint runs `command` (how the caller's shell reaches castore)."""
     store = castore.Store.open(path, create=True)
     task = _next_task(store)
     say(f"castore demo: store {store.root}, task {task}")
@@ -90,5 +92,5 @@ def run_demo(path: str | os.PathLike[str], say: Say) -> DemoReport:
     say(f"   chain of {task}: {chain.length} snapshots, all verified from HEAD to the plan root")
     ok = killed and second.returncode == worker.EXIT_DONE and all(c == 1 for c in counts.values())
     say("OK: the charge was made once, nothing was lost." if ok else "FAILED: see above.")
-    say(f"Look around: castore --store {store.root} log {task}")
+    say(f"Look around: {command} --store {shlex.quote(store.root)} log {shlex.quote(task)}")
     return DemoReport(task, counts, chain.length, ok)

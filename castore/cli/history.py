@@ -1,0 +1,150 @@
+"""A task's chain read slot by slot, so that one damaged slot does not hide the others.
+
+`Store.history` verifies the whole chain and refuses all of it if any link fails, which is
+right for resuming. `log` and `show TASK@SEQ` are how a person looks at the damage, so when
+the chain does not verify they read each slot on its own: every slot whose bytes are an
+intact snapshot of this task at its place is shown, and every other one says what is wrong.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from castore import codec
+from castore.digest import hash_bytes
+from castore.errors import (
+    CastoreError,
+    ChainError,
+    IntegrityError,
+    UnsafeFileError,
+    UsageError,
+)
+from castore.layout import MAX_SEQ, display_name
+from castore.records import Snapshot
+from castore.refs import TaskSlots
+from castore.store import Store
+from castore.verify import decode_snapshot
+
+
+@attrs.frozen
+class Slot:
+    """One chain slot as read on its own: its snapshot, or what is wrong with it."""
+
+    seq: int
+    path: str
+    object_id: str | None = None
+    snapshot: Snapshot | None = None
+    problem: str | None = None
+
+
+def read_slots(store: Store, task_id: str) -> list[Slot]:
+    """Every slot from the highest present down to 0, newest first, each checked alone
+    (a gap is a slot whose problem is "missing")."""
+    slots = TaskSlots(store.layout, store.objects, task_id)
+    checked: list[Slot] = []
+    for seq in slots.present():
+        after = checked[-1].seq + 1 if checked else 0
+        if seq > after:
+            # One entry per gap, however long: a stray slot name far beyond HEAD must not
+            # make this walk count to it.
+            more = f" (and so are slots {after + 1} to {seq - 1})" if seq - after > 1 else ""
+            checked.append(Slot(after, slots.path(after), problem=f"missing{more}"))
+        # Oldest first: a slot is checked against its parent slot as already judged, so
+        # one wrong slot is named once, not again in the slot after it.
+        parent = checked[-1] if checked and checked[-1].seq == seq - 1 else None
+        checked.append(_check_parent(_read_slot(store, slots, seq), parent))
+    return checked[::-1]
+
+
+def _read_slot(store: Store, slots: TaskSlots, seq: int) -> Slot:
+    path = slots.path(seq)
+    try:
+        data = slots.read(seq)
+    except UnsafeFileError as exc:
+        return Slot(seq, path, problem=f"a {exc.found}, not a snapshot file")
+    except OSError as exc:
+        return Slot(seq, path, problem=f"unreadable: {exc.strerror or exc}")
+    object_id = hash_bytes(data)
+    try:
+        snapshot = decode_snapshot(data)
+    except codec.FrameError as exc:
+        return Slot(seq, path, object_id, problem=exc.reason)
+    except (ValueError, CastoreError) as exc:
+        return Slot(seq, path, object_id, problem=f"not a valid snapshot: {exc}")
+    problem = _misplaced(store, slots.task_id, seq, object_id, snapshot)
+    return Slot(seq, path, object_id, None if problem else snapshot, problem)
+
+
+def _misplaced(
+    store: Store, task_id: str, seq: int, object_id: str, snapshot: Snapshot
+) -> str | None:
+    # The slot is a hard link to its object: bytes that hash to no stored object were
+    # changed after they were written.
+    if not store.objects.exists(object_id):
+        return "damaged: its bytes match no stored object"
+    if (snapshot.task, snapshot.seq) != (task_id, seq):
+        return f"holds snapshot {snapshot.seq} of task {snapshot.task!r}"
+    return None
+
+
+def _check_parent(slot: Slot, older: Slot | None) -> Slot:
+    """A readable slot whose parent is not the readable slot before it is broken too."""
+    if slot.snapshot is None or older is None or older.object_id is None or older.problem:
+        return slot
+    if slot.snapshot.parent != older.object_id:
+        return attrs.evolve(
+            slot,
+            snapshot=None,
+            problem=f"its parent is {slot.snapshot.parent}, slot {older.seq} holds "
+            f"{older.object_id}",
+        )
+    return slot
+
+
+def slot_line(slot: Slot) -> str:
+    """What is wrong with a slot, as `log` prints it in the slot's place."""
+    # A problem may quote a damaged file's bytes (an exception's text): one line, whatever.
+    return f"slot {slot.seq}: {display_name(str(slot.problem))} (run `castore fsck`)"
+
+
+def snapshot_at(store: Store, task_id: str, seq: int) -> tuple[str, str | None]:
+    """The id of task `task_id`'s snapshot `seq`, and what is broken elsewhere in its chain
+    (None if the chain verifies): an intact slot is found even in a broken chain."""
+    try:
+        history = store.history(task_id)
+    except ChainError as exc:
+        return _intact_slot(store, task_id, seq), chain_note(task_id, exc)
+    for snapshot_id, snapshot in history:
+        if snapshot.seq == seq:
+            return snapshot_id, None
+    raise _no_snapshot(task_id, seq)
+
+
+def _intact_slot(store: Store, task_id: str, seq: int) -> str:
+    """Slot `seq` read on its own, and checked against slot `seq - 1` as its parent."""
+    slots = TaskSlots(store.layout, store.objects, task_id)
+    if seq > MAX_SEQ or not slots.exists(seq):
+        raise _no_snapshot(task_id, seq)
+    slot = _read_slot(store, slots, seq)
+    if seq > 0 and slots.exists(seq - 1):
+        slot = _check_parent(slot, _read_slot(store, slots, seq - 1))
+    if slot.object_id is None or slot.problem is not None:
+        raise IntegrityError(
+            f"task {task_id!r}: slot {seq} ({slot.path}): {slot.problem}; "
+            f"run `castore fsck --task {task_id}`",
+            slot.path,
+            slot.object_id or "",
+        )
+    return slot.object_id
+
+
+def _no_snapshot(task_id: str, seq: int) -> UsageError:
+    return UsageError(f"task {task_id!r} has no snapshot {seq}; see `castore log {task_id}`")
+
+
+def chain_note(task_id: str, error: ChainError) -> str:
+    """One line on what breaks a task's chain, for a view that showed what it could."""
+    return (
+        f"task {task_id!r}: chain does not verify: {error.reason}; "
+        f"run `castore fsck --task {task_id}` for the details"
+    )

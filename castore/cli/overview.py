@@ -1,0 +1,124 @@
+"""`castore status`: where each task stands, filtered by a glob or by its open effects."""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+
+from castore.cli import (
+    EXIT_INTEGRITY,
+    EXIT_OK,
+    EXIT_UNKNOWN_OUTCOME,
+    emit_json,
+    open_store,
+)
+from castore.layout import display_name, encode_task_id
+from castore.status import TaskStatus
+from castore.store import Store
+
+_GLOB_CHARS = frozenset("*?[")
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def _status_line(status: TaskStatus) -> str:
+    if status.error:
+        return f"{status.task}  BROKEN: {display_name(status.error)}"
+    step = "finished" if status.finished else f"at {status.step}"
+    head = f"{status.task}  seq {status.seq}  {step}  next: {status.next_action}"
+    lines = [head]
+    # A key or a reason is the caller's text: one holding a line break would forge a line.
+    lines.extend(
+        f"    effect {e.step}: {e.state} for {_age(e.age_s)} (attempts {e.attempts}, key "
+        f"{display_name(str(e.key))}) -> {e.next_action}: {display_name(e.reason)}"
+        for e in status.effects
+    )
+    return "\n".join(lines)
+
+
+def _unresolved(status: TaskStatus) -> bool:
+    return any(e.state == "UNRESOLVED" for e in status.effects)
+
+
+def _selected_tasks(store: Store, pattern: str | None) -> list[str]:
+    """Every task, the tasks a glob matches, or the one task named (validated like any id:
+    `''` is refused, not taken for "every task")."""
+    if pattern is None:
+        return store.tasks()
+    if _GLOB_CHARS.isdisjoint(pattern):
+        encode_task_id(pattern)
+        return [pattern]
+    return [task for task in store.tasks() if fnmatch.fnmatchcase(task, pattern)]
+
+
+def _wanted(status: TaskStatus, args: argparse.Namespace) -> bool:
+    # A broken chain's effects cannot be known, so no filter may hide it.
+    if status.error:
+        return True
+    if args.unresolved and not _unresolved(status):
+        return False
+    return not (args.open and not status.effects)
+
+
+def summary(statuses: list[TaskStatus]) -> dict[str, int]:
+    """The counts the summary line and the JSON summary object give."""
+    return {
+        "tasks": len(statuses),
+        "open": sum(1 for s in statuses if s.effects),
+        "unresolved": sum(1 for s in statuses if _unresolved(s)),
+        "broken": sum(1 for s in statuses if s.error),
+    }
+
+
+def _summary_line(counts: dict[str, int]) -> str:
+    tasks = f"{counts['tasks']} task{'' if counts['tasks'] == 1 else 's'}"
+    return (
+        f"{tasks}: {counts['open']} with open effects, {counts['unresolved']} unresolved, "
+        f"{counts['broken']} broken"
+    )
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    statuses = [store.status(task) for task in _selected_tasks(store, args.task)]
+    statuses = [status for status in statuses if _wanted(status, args)]
+    counts = summary(statuses)
+    if args.json:
+        for status in statuses:
+            emit_json(status.to_json())
+        emit_json({"summary": counts})
+    elif not statuses:
+        print(
+            f"no {'matching ' if args.task or args.open or args.unresolved else ''}tasks in "
+            f"{store.root}"
+        )
+    else:
+        for status in statuses:
+            print(_status_line(status))
+        print(_summary_line(counts))
+    if counts["broken"]:
+        return EXIT_INTEGRITY
+    return EXIT_UNKNOWN_OUTCOME if counts["unresolved"] else EXIT_OK
+
+
+def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    status = verbs.add_parser("status", help="each task's HEAD, effects and next action")
+    status.add_argument(
+        "task",
+        nargs="?",
+        metavar="TASK",
+        help="one task, or a glob such as 'order-*' (default: all)",
+    )
+    status.add_argument("--open", action="store_true", help="only tasks with open effects")
+    status.add_argument(
+        "--unresolved", action="store_true", help="only tasks with an UNRESOLVED effect"
+    )
+    status.add_argument(
+        "--json", action="store_true", help='one JSON object per task, then {"summary": {...}}'
+    )
+    status.set_defaults(handler=cmd_status)
