@@ -27,6 +27,10 @@ SUPPORTED_VERSIONS = (1,)
 KINDS = ("plan", "snapshot", "blob")
 MAGIC = b"castore"
 MAX_HEADER = 64
+# The largest body castore writes (a blob; snapshots are held to a far smaller budget), so
+# the largest file a reader needs to hold: anything bigger is refused unread (FORMAT.md).
+MAX_BODY_SIZE = 1 << 30
+MAX_OBJECT_SIZE = MAX_BODY_SIZE + MAX_HEADER
 INT_MIN, INT_MAX = -(2**63), 2**63 - 1
 
 T = TypeVar("T")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from collections.abc import Collection, Iterator
 from typing import Any
@@ -13,6 +14,7 @@ from castore.errors import (
     ConflictError,
     FormatVersionError,
     StoreExistsError,
+    StoreIOError,
     StoreNotFoundError,
     TaskExistsError,
     TaskNotFoundError,
@@ -43,6 +45,7 @@ MARKER = {"format": "castore", "version": codec.FORMAT_VERSION}
 DEFAULT_LOCK_TIMEOUT = 10.0
 
 
+@fsio.translating_methods  # no OSError leaves the public API: a castore error names the path
 class Store:
     """One store directory. Open it with `Store.open` or create it with `Store.init`."""
 
@@ -95,6 +98,12 @@ class Store:
             data = fsio.read_regular(self.layout.marker)
         except FileNotFoundError:
             raise StoreNotFoundError(self.root) from None
+        except StoreIOError as exc:
+            if exc.errno != errno.ENOTDIR:
+                raise
+            raise StoreNotFoundError(
+                self.root, "it is not a directory", "give the path of a store directory"
+            ) from None
         except UnsafeFileError as exc:
             raise StoreNotFoundError(self.root, f"{self.layout.marker} is a {exc.found}") from None
         # A symlinked directory inside the store would let commits write outside it.

@@ -13,6 +13,7 @@ from castore.errors import (
     CastoreError,
     ChainError,
     FormatVersionError,
+    StoreIOError,
     TaskNotFoundError,
     UnknownVersionError,
 )
@@ -99,7 +100,7 @@ def _read_snapshot(objects: ObjectStore, task_id: str, object_id: object, seq: i
         # objects.read validates the id before it becomes a path (once, not twice per walk).
         return objects.read(object_id if isinstance(object_id, str) else repr(object_id))
     except CastoreError as exc:
-        if isinstance(exc, FormatVersionError):
+        if isinstance(exc, FormatVersionError | StoreIOError):
             raise
         raise ChainError(
             task_id, f"snapshot of sequence {seq} ({object_id}): {exc}", object_id=str(object_id)
@@ -138,6 +139,8 @@ def _verify(
         raise TaskNotFoundError(task_id)
     try:
         slot_data = slots.read(head_seq)
+    except StoreIOError:
+        raise  # the system could not read it: not a broken chain (and no backup to restore)
     except (OSError, CastoreError) as exc:
         raise ChainError(
             task_id, f"HEAD slot {head_seq} unreadable: {exc}", slots.path(head_seq)
