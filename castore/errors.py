@@ -7,7 +7,8 @@
     │   ├── EncodingError                        a value outside the canonical data model
     │   └── PayloadError                         a snapshot that must not be written
     │       ├── SecretInPayloadError             a field or value that looks like a credential
-    │       └── SnapshotTooLargeError            over the per-snapshot size budget
+    │       ├── SnapshotTooLargeError            over the per-snapshot size budget
+    │       └── ObjectTooLargeError              over the size limit of any one object
     ├── StoreError                               the store directory itself
     │   ├── StoreNotFoundError (FileNotFoundError)
     │   ├── StoreExistsError (FileExistsError)
@@ -81,12 +82,16 @@ class InvalidObjectIdError(UsageError):
 class EncodingError(UsageError):
     """A value outside castore's canonical data model (see docs/FORMAT.md)."""
 
-    def __init__(self, path: str, reason: str) -> None:
+    def __init__(self, path: str, reason: str, advice: str = "") -> None:
         self.path = path
         self.reason = reason
         super().__init__(
-            f"cannot encode value at {path}: {reason}; use only None, bool, 64-bit int, finite "
-            "float, str and lists/dicts of those (dict keys are str), or store bytes as a blob"
+            f"cannot encode value at {path}: {reason}; "
+            + (
+                advice
+                or "use only None, bool, 64-bit int, finite float, str and lists/dicts of "
+                "those (dict keys are str), or store bytes as a blob"
+            )
         )
 
 
@@ -117,6 +122,19 @@ class SnapshotTooLargeError(PayloadError):
             f"snapshot would be {size} bytes, over the budget of {budget}; the largest part is "
             f"{biggest}. Store large results with `store.put_blob(value)` and record the returned "
             "BlobRef instead"
+        )
+
+
+class ObjectTooLargeError(PayloadError):
+    """An object body larger than any castore writes (or reads back)."""
+
+    def __init__(self, kind: str, size: int, limit: int) -> None:
+        self.kind = kind
+        self.size = size
+        self.limit = limit
+        super().__init__(
+            f"a {kind} of {size} bytes is over castore's limit of {limit} bytes for one "
+            "object; split the value into several blobs and record their BlobRefs"
         )
 
 

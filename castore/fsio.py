@@ -22,7 +22,6 @@ from collections.abc import Callable, Iterator
 from typing import ParamSpec, TypeVar
 
 from castore import crashpoints
-from castore.codec import MAX_OBJECT_SIZE
 from castore.errors import (
     CastoreError,
     DurabilityError,
@@ -31,6 +30,7 @@ from castore.errors import (
     UnsafeFileError,
 )
 from castore.layout import temp_name
+from castore.limits import MAX_OBJECT_SIZE
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -13,6 +13,7 @@ from castore.errors import (
     ChainError,
     ConflictError,
     FormatVersionError,
+    ObjectCorruptError,
     StoreExistsError,
     StoreIOError,
     StoreNotFoundError,
@@ -270,13 +271,17 @@ class Store:
 
     def put_blob(self, value: Any, *, allow_fields: Collection[str] = ()) -> BlobRef:
         """Store a large result as a blob; record the returned BlobRef in its place."""
+        codec.check_depth(value)  # before the secret scan, which recurses
         refuse_secrets(value, allow_fields)
         return BlobRef(self.objects.put("blob", codec.encode_value(value)))
 
     def get_blob(self, ref: BlobRef | str) -> Any:
         """The value of a blob, verified."""
         blob_id = ref.blob if isinstance(ref, BlobRef) else ref
-        return codec.decode_value(self.objects.get(blob_id, "blob"))
+        try:
+            return codec.decode_value(self.objects.get(blob_id, "blob"))
+        except ValueError as exc:  # hash-valid but not a value castore writes (too deep, ...)
+            raise ObjectCorruptError(blob_id, self.objects.path(blob_id), str(exc)) from exc
 
     def _slots(self, task_id: str) -> TaskSlots:
         slots = TaskSlots(self.layout, self.objects, task_id)
