@@ -393,16 +393,34 @@ class ResumeRefusedError(CastoreError):
 class ChainError(ResumeRefusedError, IntegrityError):
     """The chain from HEAD back to the plan root does not verify."""
 
-    def __init__(self, task_id: str, reason: str, path: str = "", object_id: str = "") -> None:
+    def __init__(
+        self,
+        task_id: str,
+        reason: str,
+        path: str = "",
+        object_id: str = "",
+        *,
+        seq: int | None = None,
+    ) -> None:
         self.task = task_id
         self.reason = reason
         self.path = path
         self.object_id = object_id
+        self.seq = seq
+        where = f" at slot {seq}" if seq is not None else ""
+        # Said of resume, log, status and resolve alike: none of them uses a broken chain.
         Exception.__init__(
             self,
-            f"task {task_id!r}: chain does not verify: {reason}; refusing to resume. "
-            "Run `castore fsck --task` on it and restore the named object from a backup",
+            f"task {task_id!r}: the chain is broken{where}: {reason}. castore will not resume "
+            f"the task nor show its history until it verifies: run `castore fsck --task "
+            f"{task_id}` to see what is damaged, and restore the named object from a backup",
         )
+
+    def at_slot(self, seq: int) -> ChainError:
+        """The same error, saying which slot of the chain it was found at."""
+        if self.seq is not None:
+            return self
+        return ChainError(self.task, self.reason, self.path, self.object_id, seq=seq)
 
 
 class PlanDriftError(ResumeRefusedError):

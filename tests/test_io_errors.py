@@ -9,11 +9,12 @@ The same faults from the real system calls, under strace: tests/test_syscall_fau
 from __future__ import annotations
 
 import errno
+import json
 import os
 from pathlib import Path
 
 import pytest
-from helpers import cli
+from helpers import cli, flip_bit, rewrite
 
 import castore
 from castore import fsio
@@ -168,3 +169,67 @@ def test_fsync_dir_reports_an_error_of_close(
     with pytest.raises(DurabilityError) as caught:
         fsio.fsync_dir(str(tmp_path))
     assert (str(tmp_path), errno.EIO) == (caught.value.path, caught.value.errno)
+
+
+# -- messages that say what happened ------------------------------------------------------------
+
+
+def test_show_of_an_id_the_store_lacks_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`show` of a well-formed id that no object has exits 2 saying there is no such
+    object, not "restore from a backup" (nothing is damaged: the id is wrong)."""
+    store = castore.Store.init(tmp_path / "store")
+    code, out, err = cli(capsys, "--store", store.root, "show", "0" * 64)
+    assert (2, "") == (code, out)
+    assert_one_error_line(err)
+    assert f"no object {'0' * 64}" in err
+    assert "backup" not in err
+
+
+def test_a_truncated_head_slot_is_reported_truncated(tmp_path: Path) -> None:
+    """A HEAD slot cut short: status and resume say it is truncated (as fsck does), at
+    which slot, not that an object is missing."""
+    store = castore.Store.init(tmp_path / "store")
+    with store.start(TASK, PLAN) as run:
+        run.commit_step("a", {"n": 1})
+    rewrite(Path(store.layout.slot_path(TASK, 1)), lambda data: data[:-5])
+    error = store.status(TASK).error
+    assert error is not None
+    assert "HEAD slot 1 is damaged: body truncated" in error
+    assert "missing" not in error
+    with pytest.raises(castore.ChainError, match="body truncated") as caught:
+        store.resume(TASK, PLAN)
+    assert 1 == caught.value.seq
+
+
+def test_log_of_a_broken_chain_names_the_slot_and_fsck(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`log` of a chain with a corrupt snapshot says the chain is broken at that slot and
+    to run fsck; it does not speak of resuming, which log does not do."""
+    store = castore.Store.init(tmp_path / "store")
+    with store.start(TASK, PLAN) as run:
+        run.commit_step("a", 1)
+        run.commit_step("b", 2)
+    rewrite(Path(store.layout.slot_path(TASK, 1)), flip_bit)
+    code, out, err = cli(capsys, "--store", store.root, "log", TASK)
+    assert (3, "") == (code, out)
+    assert_one_error_line(err)
+    assert "the chain is broken at slot 1" in err
+    assert f"castore fsck --task {TASK}" in err
+    assert "refusing to resume" not in err
+
+
+def test_doctor_given_a_file_refuses_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`doctor FILE` exits 2 saying the file is not a directory, instead of silently
+    checking the directory that holds it; a path that does not exist yet is still checked
+    where it would live."""
+    path = tmp_path / "afile"
+    path.write_bytes(b"x")
+    code, out, err = cli(capsys, "doctor", str(path))
+    assert (2, "") == (code, out)
+    assert_one_error_line(err)
+    assert f"{path} is not a directory" in err
+    code, out, _err = cli(capsys, "doctor", "--json", str(tmp_path / "not-yet"))
+    assert str(tmp_path) == json.loads(out)["path"]

@@ -9,7 +9,7 @@ from typing import Any
 
 from castore import codec
 from castore.cli import EXIT_INTEGRITY, EXIT_OK, EXIT_UNKNOWN_OUTCOME, open_store
-from castore.errors import ObjectMissingError, UsageError
+from castore.errors import UsageError
 from castore.layout import validate_object_id
 from castore.records import Snapshot
 from castore.status import TaskStatus
@@ -107,7 +107,11 @@ def cmd_show(args: argparse.Namespace) -> int:
     store = open_store(args)
     object_id = _resolve_ref(store, args.id)
     if not store.objects.exists(object_id):
-        raise ObjectMissingError(object_id, store.objects.path(object_id))
+        # Nothing names it, so nothing is damaged: the id is wrong, not the store.
+        raise UsageError(
+            f"no object {object_id} in {store.root}; copy an id from `castore log TASK` or "
+            "name a snapshot as TASK@SEQ"
+        )
     data = store.objects.read(object_id)
     kind, body = codec.unframe(data, store.objects.path(object_id))
     value = codec.decode_value(body)
