@@ -306,7 +306,7 @@ def _finish(
 def _read_plan_bytes(objects: ObjectStore, task_id: str, plan_id: str) -> None:
     try:
         objects.get(plan_id, "plan")
-    except FormatVersionError:
+    except (FormatVersionError, StoreIOError):
         raise
     except CastoreError as exc:
         raise ChainError(task_id, f"plan {plan_id}: {exc}", object_id=plan_id) from exc
@@ -317,7 +317,7 @@ def read_plan(objects: ObjectStore, task_id: str, plan_id: str) -> Plan:
     try:
         plan_body = objects.get(validate_object_id(plan_id), "plan")
         return codec.from_builtins(codec.decode_value(plan_body), Plan)
-    except FormatVersionError:
+    except (FormatVersionError, StoreIOError):
         raise
     except CastoreError as exc:
         raise ChainError(task_id, f"plan {plan_id}: {exc}", object_id=str(plan_id)) from exc
