@@ -10,9 +10,9 @@ from typing import Any
 
 from castore import codec, fsio, gate, resolution, status
 from castore.errors import (
-    ChainError,
     ConflictError,
     FormatVersionError,
+    IntegrityError,
     ObjectCorruptError,
     StoreExistsError,
     StoreIOError,
@@ -220,7 +220,7 @@ class Store:
         """Where a task stands (a broken chain is reported in `.error`, not raised)."""
         try:
             chain = self.verify(task_id)
-        except (ChainError, FormatVersionError) as exc:
+        except (IntegrityError, FormatVersionError) as exc:  # a planted file included
             return status.broken(task_id, exc)
         return status.describe(chain, self._clock())
 
