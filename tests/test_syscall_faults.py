@@ -30,6 +30,7 @@ import pytest
 from test_faults import strace_or_skip
 
 import castore
+from castore import codec
 from castore.fsck import Severity, check_store
 from castore.layout import encode_task_id
 
@@ -186,7 +187,14 @@ def _cases() -> Iterator[Case]:
         ("read", "read", "EIO", "last"),
     ]:
         yield Case(mode, (), syscall, err, pick)
-    for verb, syscall in [("status", "read"), ("resolve", "fsync"), ("resolve", "openat")]:
+    # close() is not retried (PEP 475: the descriptor is gone either way); after a read
+    # that is harmless, so it must change nothing either.
+    for verb, syscall in [
+        ("status", "read"),
+        ("status", "close"),
+        ("resolve", "fsync"),
+        ("resolve", "openat"),
+    ]:
         yield Case("cli", CLI_CASES[verb], syscall, "EINTR")
     yield Case("commit", (), "write", "EINTR")
 
@@ -409,3 +417,38 @@ def test_resume_in_an_unwritable_store_raises_store_io_error(
     )
     assert (0, "") == (result.returncode, result.stderr)
     assert f"StoreIOError {errno.EACCES} {lock} True\n" == result.stdout
+
+
+@pytest.mark.parametrize("syscall", ["rename", "fsync", "mkdir"])
+def test_quarantine_that_cannot_move_exits_7_and_keeps_the_object(
+    template: Path, tmp_path: Path, syscall: str
+) -> None:
+    """`fsck --quarantine` whose rename, fsync or mkdir fails (EIO): exit 7 with one line
+    naming the path, never a traceback; the damaged object is still where fsck found it or
+    in quarantine/, never gone."""
+    root = fresh_store(template, tmp_path)
+    store = castore.Store.open(root)
+    damaged = Path(store.objects.path(store.objects.put("blob", codec.encode_value([1, 2]))))
+    damaged.chmod(0o644)
+    damaged.write_bytes(damaged.read_bytes()[:-2])
+    damaged.chmod(0o444)
+    command = [strace_or_skip(), "-f", "-qq", "-o", os.devnull, "-e"]
+    command.append(f"inject={syscall}:error=EIO")
+    if syscall == "rename":
+        command += ["-P", str(damaged)]
+    else:  # the calls quarantine makes after the check: the first one under quarantine/
+        command += ["-P", str(root / "quarantine")]
+    result = subprocess.run(
+        [*command, sys.executable, "-c", CHILD, "cli", str(root), "fsck", "--quarantine"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd="/",
+        env=child_env(),
+    )
+    assert 7 == result.returncode, (result.stdout, result.stderr)
+    assert 1 == len(result.stderr.splitlines()), result.stderr
+    assert result.stderr.startswith("castore: error: ")
+    kept = [damaged] if damaged.exists() else list((root / "quarantine").rglob(damaged.name))
+    assert 1 == len(kept)
