@@ -128,8 +128,10 @@ def translating_methods(cls: C) -> C:
 def close_read(fd: int) -> None:
     """Close a descriptor opened only to read. Its close cannot lose data, and Linux frees
     the descriptor whatever close() returns, so an error there changes nothing read."""
-    with contextlib.suppress(OSError):
+    try:
         os.close(fd)
+    except OSError:
+        return  # nothing was lost: see above
 
 
 def open_regular(path: str, limit: int = MAX_OBJECT_SIZE) -> int:
@@ -140,16 +142,33 @@ def open_regular(path: str, limit: int = MAX_OBJECT_SIZE) -> int:
 
 def open_regular_with_stat(path: str, limit: int = MAX_OBJECT_SIZE) -> tuple[int, os.stat_result]:
     """`open_regular`, and the fstat it had to make anyway."""
-    with translated(path, "opening"):
-        fd = os.open(path, _READ_FLAGS)
+    fd = _open_read(path, path)
     try:
-        with translated(path, "reading the status of"):
-            info = os.fstat(fd)
-        _check_regular(path, info, limit)
+        info = _fstat_regular(path, fd, limit)
     except BaseException:
         close_read(fd)
         raise
     return fd, info
+
+
+# The read path is fsck's hot loop: plain try/except (free unless it raises), not
+# `translated`, whose context manager costs a microsecond per call.
+def _open_read(path: str, name: str, dir_fd: int | None = None) -> int:
+    try:
+        return os.open(name, _READ_FLAGS, dir_fd=dir_fd)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise io_error(path, "opening", exc) from exc
+
+
+def _fstat_regular(path: str, fd: int, limit: int) -> os.stat_result:
+    try:
+        info = os.fstat(fd)
+    except OSError as exc:
+        raise io_error(path, "reading the status of", exc) from exc
+    _check_regular(path, info, limit)
+    return info
 
 
 def _check_regular(path: str, info: os.stat_result, limit: int) -> None:
@@ -181,12 +200,9 @@ def read_in(dir_fd: int, name: str, limit: int = MAX_OBJECT_SIZE) -> tuple[bytes
     """Content and fstat of the regular file `name` in directory `dir_fd`, never following a
     symlink or blocking on a FIFO (UnsafeFileError for anything else). No path walk from the
     root for each name: fsck reads every slot of a chain this way."""
-    with translated(name, "opening"):
-        fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
+    fd = _open_read(name, name, dir_fd)
     try:
-        with translated(name, "reading the status of"):
-            info = os.fstat(fd)
-        _check_regular(name, info, limit)
+        info = _fstat_regular(name, fd, limit)
         return _read_sized(name, fd, info, limit), info
     finally:
         close_read(fd)
@@ -194,8 +210,10 @@ def read_in(dir_fd: int, name: str, limit: int = MAX_OBJECT_SIZE) -> tuple[bytes
 
 def _read_sized(path: str, fd: int, info: os.stat_result, limit: int) -> bytes:
     """All bytes of `fd`, in one read() when the size fstat gave is the size there is."""
-    with translated(path, "reading"):
+    try:
         data = os.read(fd, info.st_size + 1)  # one byte more: a file that grew shows it
+    except OSError as exc:
+        raise io_error(path, "reading", exc) from exc
     return data if len(data) == info.st_size else _read_rest(path, fd, data, limit)
 
 
