@@ -11,7 +11,9 @@ from __future__ import annotations
 import errno
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import cli, flip_bit, rewrite
@@ -22,6 +24,25 @@ from castore.errors import CommitUncertainError, DurabilityError, StoreIOError
 
 PLAN = castore.Plan.build("io", "a", "b")
 TASK = "io/1"
+
+
+class OsWith:
+    """The `os` module, with some functions replaced: set as one castore module's `os`."""
+
+    def __init__(self, **replaced: Callable[..., Any]) -> None:
+        self._replaced = replaced
+
+    def __getattr__(self, name: str) -> Any:
+        return self._replaced.get(name) or getattr(os, name)
+
+
+def denied(path: str) -> list[str]:
+    raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+
+
+def close_then_eio(fd: int) -> None:
+    os.close(fd)
+    raise OSError(errno.EIO, os.strerror(errno.EIO))
 
 
 def assert_one_error_line(err: str) -> None:
@@ -99,11 +120,7 @@ def test_the_public_api_leaks_no_oserror(tmp_path: Path, monkeypatch: pytest.Mon
     """An OSError raised by a call no castore code translates (here listdir in
     Store.tasks) leaves the public API as a StoreIOError with its errno and path."""
     store = castore.Store.init(tmp_path / "store")
-
-    def denied(path: str) -> list[str]:
-        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
-
-    monkeypatch.setattr("castore.store.os.listdir", denied)
+    monkeypatch.setattr("castore.store.os", OsWith(listdir=denied))  # castore.store's only
     with pytest.raises(StoreIOError) as caught:
         store.tasks()
     assert (errno.EACCES, store.layout.tasks) == (caught.value.errno, caught.value.path)
@@ -159,13 +176,7 @@ def test_fsync_dir_reports_an_error_of_close(
 ) -> None:
     """A close() error after a directory fsync (NFS reports deferred errors there) is a
     DurabilityError naming the directory, not a raw OSError."""
-    real_close = os.close
-
-    def failing_close(fd: int) -> None:
-        real_close(fd)
-        raise OSError(errno.EIO, os.strerror(errno.EIO))
-
-    monkeypatch.setattr(fsio.os, "close", failing_close)
+    monkeypatch.setattr(fsio, "os", OsWith(close=close_then_eio))  # castore.fsio's only
     with pytest.raises(DurabilityError) as caught:
         fsio.fsync_dir(str(tmp_path))
     assert (str(tmp_path), errno.EIO) == (caught.value.path, caught.value.errno)
