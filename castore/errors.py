@@ -418,8 +418,6 @@ class ChainError(ResumeRefusedError, IntegrityError):
 
     def at_slot(self, seq: int) -> ChainError:
         """The same error, saying which slot of the chain it was found at."""
-        if self.seq is not None:
-            return self
         return ChainError(self.task, self.reason, self.path, self.object_id, seq=seq)
 
 

@@ -54,5 +54,5 @@ class TaskLock:
         """Release the lock; the lock file stays (unlinking it would split waiters)."""
         try:
             self._lock.release()
-        except OSError as exc:  # closing the lock file: the lock is gone whatever it says
+        except OSError as exc:  # the kernel dropped the lock with the descriptor; an I/O error
             raise fsio.io_error(self._path, "releasing the task lock", exc) from exc

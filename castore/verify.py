@@ -164,6 +164,8 @@ def _verify(
             entry = _decode_snapshot_body(task_id, current_id, data)
             _check_link(task_id, current_id, entry, expected_seq, child)
         except ChainError as exc:
+            if exc.seq is not None:
+                raise
             raise exc.at_slot(expected_seq) from exc
         head_entry = head_entry or entry
         _record_outcome(outcomes, entry, expected_seq)
