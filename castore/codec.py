@@ -18,15 +18,17 @@ from typing import Any, TypeVar
 
 import cattrs
 
-from castore.errors import EncodingError, FormatVersionError
-from castore.fastdecode import decode_canonical_value
+from castore import limits
+from castore.errors import EncodingError, FormatVersionError, ObjectTooLargeError
+from castore.fastdecode import decode_canonical_value, too_deep
 from castore.records import EffectState, TransitionKind
 
 FORMAT_VERSION = 1
 SUPPORTED_VERSIONS = (1,)
 KINDS = ("plan", "snapshot", "blob")
 MAGIC = b"castore"
-MAX_HEADER = 64
+MAX_HEADER = limits.MAX_HEADER
+MAX_DEPTH = limits.MAX_DEPTH
 INT_MIN, INT_MAX = -(2**63), 2**63 - 1
 
 T = TypeVar("T")
@@ -144,17 +146,33 @@ def _plain(value: object) -> bool:
 
 
 def encode_value(value: object) -> bytes:
-    """Canonical bytes of `value`: compact JSON, keys sorted by code point, UTF-8."""
+    """Canonical bytes of `value`: compact JSON, keys sorted by code point, UTF-8; at most
+    MAX_DEPTH lists and dicts deep."""
     if _plain(value):
         try:
-            text = json.dumps(
+            data = json.dumps(
                 value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-            )
-            return text.encode("utf-8")
-        except (ValueError, UnicodeEncodeError):
-            pass  # NaN, infinity or a lone surrogate: the slow walk below names where
+            ).encode("utf-8")
+        except (ValueError, UnicodeEncodeError, RecursionError):
+            pass  # NaN, infinity, a lone surrogate, deep nesting: the walks below name it
+        else:
+            # Each list or dict opens one bracket: few brackets, no need to measure depth.
+            if data.count(b"[") + data.count(b"{") <= MAX_DEPTH or not too_deep(value, MAX_DEPTH):
+                return data
+    check_depth(value)
     _check(value, "$")
     raise EncodingError("$", "a value json.dumps refused")  # _check always raises first
+
+
+_TOO_DEEP = f"it nests lists and dicts more than {MAX_DEPTH} deep (castore's limit)"
+_FLATTEN = "flatten it (a list of rows, a dict of paths), or encode the deep part as a str"
+
+
+def check_depth(value: object, path: str = "$") -> None:
+    """EncodingError if `value` nests more than MAX_DEPTH lists and dicts (checked without
+    recursion, before anything recursive walks it)."""
+    if too_deep(value, MAX_DEPTH):
+        raise EncodingError(path, _TOO_DEEP, _FLATTEN)
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -192,7 +210,8 @@ _DECODER = json.JSONDecoder(
 
 def decode_value(data: bytes) -> Any:
     """Parse UTF-8 JSON back into a value, refusing what the data model excludes
-    (NaN, infinities, ints beyond 64 bits, duplicate keys). Lists stay lists."""
+    (NaN, infinities, ints beyond 64 bits, duplicate keys, more than MAX_DEPTH levels of
+    nesting). Lists stay lists."""
     fast = decode_canonical_value(data)  # what writers write: the common case, 3x faster
     return fast[0] if fast is not None else decode_value_strict(data)
 
@@ -200,15 +219,20 @@ def decode_value(data: bytes) -> Any:
 def decode_value_strict(data: bytes) -> Any:
     """`decode_value` without its fast path: the definition the fast path must agree with."""
     try:
-        return _DECODER.decode(data.decode("utf-8"))
+        value = _DECODER.decode(data.decode("utf-8"))
     except RecursionError:  # hostile nesting: refused like any other bad input
         raise ValueError("nested too deeply to decode") from None
+    if data.count(b"[") + data.count(b"{") > MAX_DEPTH and too_deep(value, MAX_DEPTH):
+        raise ValueError(f"nested more than {MAX_DEPTH} deep (castore's limit)")
+    return value
 
 
 def frame(kind: str, body: bytes) -> bytes:
     """The bytes of an object: a one-line header naming format, kind and body length."""
     if kind not in KINDS:
         raise ValueError(f"unknown object kind {kind!r}")
+    if len(body) > limits.MAX_BODY_SIZE:  # no reader would read it back
+        raise ObjectTooLargeError(kind, len(body), limits.MAX_BODY_SIZE)
     return b"%s %d %s %d\n" % (MAGIC, FORMAT_VERSION, kind.encode(), len(body)) + body
 
 
@@ -287,7 +311,10 @@ def unframe(data: bytes, where: str = "object") -> tuple[str, bytes]:
 
 def to_builtins(record: object) -> Any:
     """A record as plain data (dicts and lists), ready for `encode_value`."""
-    return converter.unstructure(record)
+    try:
+        return converter.unstructure(record)
+    except RecursionError:  # cattrs recurses into results: far beyond MAX_DEPTH
+        raise EncodingError("$", _TOO_DEEP, _FLATTEN) from None
 
 
 class SchemaError(ValueError):

@@ -7,17 +7,20 @@
     │   ├── EncodingError                        a value outside the canonical data model
     │   └── PayloadError                         a snapshot that must not be written
     │       ├── SecretInPayloadError             a field or value that looks like a credential
-    │       └── SnapshotTooLargeError            over the per-snapshot size budget
+    │       ├── SnapshotTooLargeError            over the per-snapshot size budget
+    │       └── ObjectTooLargeError              over the size limit of any one object
     ├── StoreError                               the store directory itself
     │   ├── StoreNotFoundError (FileNotFoundError)
     │   ├── StoreExistsError (FileExistsError)
     │   ├── FormatVersionError                   written by a format this reader does not know
-    │   └── DurabilityError (OSError)            a write/fsync failed; nothing was published
-    │       └── CommitUncertainError             the commit point was taken, its fsync failed
+    │   └── StoreIOError (OSError)               a system call on a store path failed (errno)
+    │       └── DurabilityError                  a write/fsync failed; nothing was published
+    │           └── CommitUncertainError         the commit point was taken, its fsync failed
     ├── IntegrityError                           bytes on disk are not what they claim to be
     │   ├── ObjectMissingError (KeyError)
     │   ├── ObjectCorruptError                   hash mismatch, truncation, undecodable
     │   └── UnsafeFileError                      symlink, FIFO or directory where a file belongs
+    │       └── OversizedFileError               larger than any file castore writes there
     ├── TaskNotFoundError (KeyError)
     ├── TaskExistsError
     ├── TaskBusyError (TimeoutError)             another local worker holds the task's lock
@@ -40,6 +43,9 @@ Every message says what to do next. Structured fields (`path`, `task`, `expected
 """
 
 from __future__ import annotations
+
+import errno
+import os
 
 
 class CastoreError(Exception):
@@ -77,12 +83,16 @@ class InvalidObjectIdError(UsageError):
 class EncodingError(UsageError):
     """A value outside castore's canonical data model (see docs/FORMAT.md)."""
 
-    def __init__(self, path: str, reason: str) -> None:
+    def __init__(self, path: str, reason: str, advice: str = "") -> None:
         self.path = path
         self.reason = reason
         super().__init__(
-            f"cannot encode value at {path}: {reason}; use only None, bool, 64-bit int, finite "
-            "float, str and lists/dicts of those (dict keys are str), or store bytes as a blob"
+            f"cannot encode value at {path}: {reason}; "
+            + (
+                advice
+                or "use only None, bool, 64-bit int, finite float, str and lists/dicts of "
+                "those (dict keys are str), or store bytes as a blob"
+            )
         )
 
 
@@ -116,6 +126,19 @@ class SnapshotTooLargeError(PayloadError):
         )
 
 
+class ObjectTooLargeError(PayloadError):
+    """An object body larger than any castore writes (or reads back)."""
+
+    def __init__(self, kind: str, size: int, limit: int) -> None:
+        self.kind = kind
+        self.size = size
+        self.limit = limit
+        super().__init__(
+            f"a {kind} of {size} bytes is over castore's limit of {limit} bytes for one "
+            "object; split the value into several blobs and record their BlobRefs"
+        )
+
+
 class StoreError(CastoreError):
     """A problem with the store directory as a whole."""
 
@@ -123,12 +146,13 @@ class StoreError(CastoreError):
 class StoreNotFoundError(StoreError, FileNotFoundError):
     """The path is not a castore store."""
 
-    def __init__(self, path: str, detail: str = "") -> None:
+    def __init__(self, path: str, detail: str = "", advice: str = "") -> None:
         self.path = path
         extra = f" ({detail})" if detail else ""
         super().__init__(
-            f"no castore store at {path}{extra}; create one with `castore init {path}` or "
-            "point --store / $CASTORE_STORE at an existing store"
+            f"no castore store at {path}{extra}; "
+            + (advice or f"create one with `castore init {path}`")
+            + " or point --store / $CASTORE_STORE at an existing store"
         )
 
 
@@ -156,18 +180,74 @@ class FormatVersionError(StoreError):
         )
 
 
-class DurabilityError(StoreError, OSError):
-    """A write, fsync or publish failed; nothing was published."""
+# What a person can do about each errno, so that a permission problem never reads as a full
+# disk (and the reverse). Everything else is the disk's or the filesystem's health.
+_ADVICE = {
+    errno.EACCES: "check the permissions: the user running castore needs read and write "
+    "access to the store's directories and files (owner, group, mode)",
+    errno.EPERM: "check the permissions and attributes (owner, group, mode, immutable flag) "
+    "of the store's directories and files",
+    errno.EROFS: "the filesystem is mounted read-only; remount it read-write",
+    errno.ENOSPC: "free some space on the store's filesystem",
+    errno.EDQUOT: "free some space or raise the disk quota of the user running castore",
+    errno.ENOTDIR: "a component of the path is not a directory: check the store path",
+    errno.EISDIR: "a directory stands where castore expects a file: inspect it by hand",
+    errno.ELOOP: "a symlink stands where castore expects a real file: inspect it by hand",
+    errno.EMFILE: "too many open files: raise the limit (ulimit -n)",
+    errno.ENFILE: "the system ran out of file descriptors: close other programs or raise it",
+    errno.ENAMETOOLONG: "the path is too long for this filesystem: use a shorter store path",
+}
+_ADVICE[errno.ENOENT] = (
+    "it vanished while castore used it: another process or a person removed it; "
+    "run `castore fsck` to see what the store lacks"
+)
+_DISK_ADVICE = "check the disk's health (dmesg) and the filesystem (mount, network)"
+
+
+def io_advice(code: int | None) -> str:
+    """What to do about an OSError with errno `code`: permissions, space, or the disk."""
+    return _ADVICE.get(code or 0, _DISK_ADVICE)
+
+
+class StoreIOError(StoreError, OSError):
+    """A system call on a path of the store failed: `operation` on `path`, with `errno`.
+
+    Raised for what the operating system refused or could not do (permissions, I/O errors,
+    a path component that is not a directory), read or write; an absent file is reported by
+    the error of what was looked for (StoreNotFoundError, ObjectMissingError, ...)."""
 
     def __init__(self, path: str, operation: str, cause: OSError) -> None:
         self.path = path
         self.operation = operation
         super().__init__(
             cause.errno,
-            f"{operation} failed for {path}: {cause.strerror or cause}; nothing was published. "
-            "Check free space and the disk's health, then retry the call (never retry an fsync "
+            f"{operation} {path} failed: {_reason(cause)}; {io_advice(cause.errno)}, then retry",
+        )
+
+
+class DurabilityError(StoreIOError):
+    """A write, fsync or publish failed; nothing was published."""
+
+    def __init__(self, path: str, operation: str, cause: OSError) -> None:
+        self.path = path
+        self.operation = operation
+        OSError.__init__(
+            self,
+            cause.errno,
+            f"{operation} failed for {path}: {_reason(cause)}; nothing was published. "
+            f"{_capital(io_advice(cause.errno))}, then retry the call (never retry an fsync "
             "on the same file: castore starts over with a new temp file)",
         )
+
+
+def _reason(cause: OSError) -> str:
+    """The operating system's words for `cause` (not the message of a castore error that
+    wraps it, which would repeat its own advice)."""
+    return os.strerror(cause.errno) if cause.errno else str(cause)
+
+
+def _capital(text: str) -> str:
+    return text[:1].upper() + text[1:]
 
 
 class CommitUncertainError(DurabilityError):
@@ -179,9 +259,10 @@ class CommitUncertainError(DurabilityError):
         OSError.__init__(
             self,
             cause.errno,
-            f"the commit {path} was linked but its directory could not be synced "
-            f"({cause.strerror or cause}): other workers may see it, a power loss may undo it. "
-            "This run stops; check the disk, then resume the task to see where it stands",
+            f"the commit {path} was written (its chain slot exists), but syncing the chain "
+            f"directory failed ({_reason(cause)}): other workers may already see it, "
+            "and a power loss may still undo it. This run stops; "
+            f"{io_advice(cause.errno)}, then resume the task to see where it stands",
         )
 
 
@@ -230,6 +311,22 @@ class UnsafeFileError(IntegrityError):
         super().__init__(
             f"{path} is a {found}, not a {expected}; castore never follows or uses it. "
             "Something outside castore planted it: inspect and remove it by hand",
+            path=path,
+        )
+
+
+class OversizedFileError(UnsafeFileError):
+    """A file larger than anything castore writes where it lies: never read into memory."""
+
+    def __init__(self, path: str, size: int, limit: int) -> None:
+        self.size = size
+        self.limit = limit
+        self.found = f"file of {size} bytes (too large: at most {limit})"
+        IntegrityError.__init__(
+            self,
+            f"{path} is too large: {size} bytes, at most {limit} (no file castore writes there "
+            "is larger); castore will not read it. Something outside castore put it there: "
+            "inspect it, then move it away (`castore fsck --quarantine` for objects)",
             path=path,
         )
 
@@ -297,16 +394,32 @@ class ResumeRefusedError(CastoreError):
 class ChainError(ResumeRefusedError, IntegrityError):
     """The chain from HEAD back to the plan root does not verify."""
 
-    def __init__(self, task_id: str, reason: str, path: str = "", object_id: str = "") -> None:
+    def __init__(
+        self,
+        task_id: str,
+        reason: str,
+        path: str = "",
+        object_id: str = "",
+        *,
+        seq: int | None = None,
+    ) -> None:
         self.task = task_id
         self.reason = reason
         self.path = path
         self.object_id = object_id
+        self.seq = seq
+        where = f" at slot {seq}" if seq is not None else ""
+        # Said of resume, log, status and resolve alike: none of them uses a broken chain.
         Exception.__init__(
             self,
-            f"task {task_id!r}: chain does not verify: {reason}; refusing to resume. "
-            "Run `castore fsck --task` on it and restore the named object from a backup",
+            f"task {task_id!r}: the chain is broken{where}: {reason}. castore will not resume "
+            f"the task nor show its history until it verifies: run `castore fsck --task "
+            f"{task_id}` to see what is damaged, and restore the named object from a backup",
         )
+
+    def at_slot(self, seq: int) -> ChainError:
+        """The same error, saying which slot of the chain it was found at."""
+        return ChainError(self.task, self.reason, self.path, self.object_id, seq=seq)
 
 
 class PlanDriftError(ResumeRefusedError):

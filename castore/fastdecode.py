@@ -32,6 +32,8 @@ from typing import Annotated, Any, TypeVar
 import attrs
 import msgspec
 
+from castore.limits import MAX_DEPTH
+
 T = TypeVar("T")
 
 # 2**63 has 19 digits: every int outside the data model has at least that many. Mapping
@@ -79,7 +81,7 @@ def canonical_decoder(cls: type[T]) -> Callable[[bytes], T | None]:
             again = encode(record)
         except _UNSURE:
             return None  # the strict path will say what is wrong, if anything is
-        return record if again == body else None
+        return record if again == body and not _deeper_than_allowed(body, record) else None
 
     _DECODERS[cls] = decode
     return decode
@@ -103,7 +105,38 @@ def decode_canonical_value(body: bytes) -> tuple[Any] | None:
         again = _ENCODER.encode(value)
     except _UNSURE:
         return None
-    return (value,) if again == body else None
+    return (value,) if again == body and not _deeper_than_allowed(body, value) else None
+
+
+def _deeper_than_allowed(body: bytes, value: object) -> bool:
+    """True if `value`, decoded from `body`, nests more than MAX_DEPTH containers: the
+    strict path refuses it, so this one must not vouch for it. Each list or dict opens one
+    bracket, so a body with few brackets needs no walk."""
+    return body.count(b"[") + body.count(b"{") > MAX_DEPTH and too_deep(value, MAX_DEPTH)
+
+
+def too_deep(value: object, limit: int) -> bool:
+    """True if `value` nests more than `limit` containers: lists, tuples, dicts, records
+    and views, each of which encodes as one JSON array or object. A loop, not recursion:
+    it measures what would overflow the stack."""
+    pending: list[tuple[object, int]] = [(value, 0)]
+    while pending:
+        item, depth = pending.pop()
+        kind = type(item)
+        if kind is dict:
+            children: Any = item.values()  # type: ignore[attr-defined]
+        elif kind is list or kind is tuple:
+            children = item
+        elif isinstance(item, msgspec.Struct):
+            children = msgspec.structs.astuple(item)
+        elif attrs.has(kind):
+            children = attrs.astuple(item, recurse=False)  # type: ignore[arg-type]
+        else:
+            continue
+        if depth + 1 > limit:
+            return True
+        pending.extend((child, depth + 1) for child in children)
+    return False
 
 
 # Views: msgspec Structs mirroring the attrs records, field for field.
@@ -128,7 +161,7 @@ def canonical_view(cls: type[T]) -> Callable[[bytes], T | None]:
             again = encode(record)
         except _UNSURE:
             return None
-        if again != body:
+        if again != body or _deeper_than_allowed(body, record):
             return None
         for path in untyped:
             value: Any = record

@@ -3,18 +3,38 @@
 Publishing follows one rule: bytes are durable (file fsync) before any name points at them,
 and a name is durable (directory fsync) before anything that depends on it is written.
 A failed fsync is never retried: its temp file is removed and the error raised.
+
+It is also where an OSError becomes a castore error (`io_error`): every function here
+raises StoreIOError (DurabilityError on the write path) naming the path, the operation and
+the system's reason, and lets only FileNotFoundError through as it is, because callers
+turn an absent file into what it means for them (no store, a missing object, no task).
+`translating` applies the same rule at the library's public boundary, for what escapes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import stat
+from collections.abc import Callable, Iterator
+from typing import ParamSpec, TypeVar
 
 from castore import crashpoints
-from castore.errors import DurabilityError, UnsafeFileError
+from castore.errors import (
+    CastoreError,
+    DurabilityError,
+    OversizedFileError,
+    StoreIOError,
+    UnsafeFileError,
+)
 from castore.layout import temp_name
+from castore.limits import MAX_OBJECT_SIZE
+
+P = ParamSpec("P")
+R = TypeVar("R")
+C = TypeVar("C", bound=type)
 
 OBJECT_MODE = 0o444
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -37,79 +57,232 @@ def file_kind(mode: int) -> str:
     return "device or special file"
 
 
-def open_regular(path: str) -> int:
-    """Open `path` for reading, refusing symlinks, FIFOs, devices and directories."""
-    return open_regular_with_stat(path)[0]
+def io_error(path: str, operation: str, exc: OSError) -> CastoreError:
+    """The castore error for `exc`, raised by `operation` on `path`: the one translation of
+    an OSError (a symlink refused by O_NOFOLLOW is an UnsafeFileError, like any planted file)."""
+    if isinstance(exc, CastoreError):
+        return exc
+    if exc.errno == errno.ELOOP:
+        return UnsafeFileError(path, "symlink")
+    return StoreIOError(path, operation, exc)
 
 
-def open_regular_with_stat(path: str) -> tuple[int, os.stat_result]:
-    """`open_regular`, and the fstat it had to make anyway."""
+@contextlib.contextmanager
+def translated(path: str, operation: str) -> Iterator[None]:
+    """Raise `io_error(path, operation, ...)` for an OSError of the block; FileNotFoundError
+    goes through unchanged (its caller says what the absence means)."""
     try:
-        fd = os.open(path, _READ_FLAGS)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise UnsafeFileError(path, "symlink") from exc
+        yield
+    except FileNotFoundError:
         raise
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
+    except OSError as exc:
+        raise io_error(path, operation, exc) from exc
+
+
+def translating(func: Callable[P, R]) -> Callable[P, R]:
+    """`func`, raising a castore error for any OSError that escapes it (FileNotFoundError
+    included): the library's public entry points leak no OSError, whatever code raised it."""
+
+    @functools.wraps(func)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return func(*args, **kwargs)
+        except OSError as exc:
+            if isinstance(exc, CastoreError):
+                raise
+            path = os.fsdecode(exc.filename) if exc.filename is not None else "a store path"
+            raise io_error(path, "accessing", exc) from exc
+
+    return wrapper
+
+
+def translating_iterator(func: Callable[P, Iterator[R]]) -> Callable[P, Iterator[R]]:
+    """`translating` for a generator function, whose errors come while it is iterated."""
+
+    @functools.wraps(func)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> Iterator[R]:
+        iterator = func(*args, **kwargs)
+        try:
+            yield from iterator
+        except OSError as exc:
+            if isinstance(exc, CastoreError):
+                raise
+            path = os.fsdecode(exc.filename) if exc.filename is not None else "a store path"
+            raise io_error(path, "accessing", exc) from exc
+
+    return wrapper
+
+
+def translating_methods(cls: C) -> C:
+    """`translating` for every public method (and class method) of `cls`."""
+    for name, member in list(vars(cls).items()):
+        if name.startswith("_"):
+            continue
+        if isinstance(member, classmethod | staticmethod):
+            setattr(cls, name, type(member)(translating(member.__func__)))
+        elif callable(member):
+            setattr(cls, name, translating(member))
+    return cls
+
+
+def close_read(fd: int) -> None:
+    """Close a descriptor opened only to read. Its close cannot lose data, and Linux frees
+    the descriptor whatever close() returns, so an error there changes nothing read."""
+    try:
         os.close(fd)
-        raise UnsafeFileError(path, file_kind(info.st_mode))
+    except OSError:
+        return  # nothing was lost: see above
+
+
+def open_regular(path: str, limit: int = MAX_OBJECT_SIZE) -> int:
+    """Open `path` for reading, refusing symlinks, FIFOs, devices, directories and files
+    larger than `limit` bytes (OversizedFileError: larger than anything castore writes)."""
+    return open_regular_with_stat(path, limit)[0]
+
+
+def open_regular_with_stat(path: str, limit: int = MAX_OBJECT_SIZE) -> tuple[int, os.stat_result]:
+    """`open_regular`, and the fstat it had to make anyway."""
+    fd = _open_read(path, path)
+    try:
+        info = _fstat_regular(path, fd, limit)
+    except BaseException:
+        close_read(fd)
+        raise
     return fd, info
 
 
-def read_regular_with_stat(path: str) -> tuple[bytes, os.stat_result]:
+# The read path is fsck's hot loop: plain try/except (free unless it raises), not
+# `translated`, whose context manager costs a microsecond per call.
+def _open_read(path: str, name: str, dir_fd: int | None = None) -> int:
+    try:
+        return os.open(name, _READ_FLAGS, dir_fd=dir_fd)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise io_error(path, "opening", exc) from exc
+
+
+def _fstat_regular(path: str, fd: int, limit: int) -> os.stat_result:
+    try:
+        info = os.fstat(fd)
+    except OSError as exc:
+        raise io_error(path, "reading the status of", exc) from exc
+    _check_regular(path, info, limit)
+    return info
+
+
+def _check_regular(path: str, info: os.stat_result, limit: int) -> None:
+    """Refuse what is not a regular file, or too large to read into memory (a sparse file
+    planted to exhaust it): the size is checked before a single byte is read."""
+    if not stat.S_ISREG(info.st_mode):  # a device may never end, a FIFO never start
+        raise UnsafeFileError(path, file_kind(info.st_mode))
+    if info.st_size > limit:
+        raise OversizedFileError(path, info.st_size, limit)
+
+
+def read_regular_with_stat(path: str, limit: int = MAX_OBJECT_SIZE) -> tuple[bytes, os.stat_result]:
     """The whole content of a regular file and its fstat, in one read() when the size it
     stats is the size it reads (object files never change once published)."""
-    fd, info = open_regular_with_stat(path)
+    fd, info = open_regular_with_stat(path, limit)
     try:
-        return _read_sized(fd, info), info
+        return _read_sized(path, fd, info, limit), info
     finally:
-        os.close(fd)
+        close_read(fd)
 
 
 def open_directory(path: str) -> int:
     """A descriptor of the directory `path` (never through a symlink), to read names in it."""
-    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with translated(path, "opening the directory"):
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
 
 
-def read_in(dir_fd: int, name: str) -> tuple[bytes, os.stat_result]:
+def read_in(dir_fd: int, name: str, limit: int = MAX_OBJECT_SIZE) -> tuple[bytes, os.stat_result]:
     """Content and fstat of the regular file `name` in directory `dir_fd`, never following a
     symlink or blocking on a FIFO (UnsafeFileError for anything else). No path walk from the
     root for each name: fsck reads every slot of a chain this way."""
-    fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
+    fd = _open_read(name, name, dir_fd)
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):  # a device may never end, a FIFO never start
-            raise UnsafeFileError(name, file_kind(info.st_mode))
-        return _read_sized(fd, info), info
+        info = _fstat_regular(name, fd, limit)
+        return _read_sized(name, fd, info, limit), info
     finally:
-        os.close(fd)
+        close_read(fd)
 
 
-def _read_sized(fd: int, info: os.stat_result) -> bytes:
+def _read_sized(path: str, fd: int, info: os.stat_result, limit: int) -> bytes:
     """All bytes of `fd`, in one read() when the size fstat gave is the size there is."""
-    data = os.read(fd, info.st_size + 1)  # one byte more: a file that grew shows it
-    return data if len(data) == info.st_size else _read_rest(fd, data)
+    try:
+        data = os.read(fd, info.st_size + 1)  # one byte more: a file that grew shows it
+    except OSError as exc:
+        raise io_error(path, "reading", exc) from exc
+    return data if len(data) == info.st_size else _read_rest(path, fd, data, limit)
 
 
-def _read_rest(fd: int, data: bytes) -> bytes:
-    """`data` and the rest of `fd` to its end (a short read, or a file that changed)."""
-    chunks = [data]
-    while chunk := os.read(fd, _CHUNK):
-        chunks.append(chunk)
+def _read_rest(path: str, fd: int, data: bytes, limit: int) -> bytes:
+    """`data` and the rest of `fd` to its end (a short read, or a file that changed), up to
+    `limit` bytes: a file that keeps growing is refused, not read until memory runs out."""
+    chunks, size = [data], len(data)
+    with translated(path, "reading"):
+        while chunk := os.read(fd, _CHUNK):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                raise OversizedFileError(path, size, limit)
     return b"".join(chunks)
 
 
-def read_regular(path: str) -> bytes:
+def read_regular(path: str, limit: int = MAX_OBJECT_SIZE) -> bytes:
     """The whole content of a regular file, never following a link or blocking on a FIFO."""
-    fd = open_regular(path)
+    return read_regular_with_stat(path, limit)[0]
+
+
+def read_prefix(path: str, size: int) -> bytes:
+    """At most the first `size` bytes of the regular file `path` (an object's header)."""
+    fd = open_regular(path, limit=1 << 62)  # only `size` bytes are read: any file will do
     try:
-        chunks = []
-        while chunk := os.read(fd, _CHUNK):
-            chunks.append(chunk)
-        return b"".join(chunks)
+        with translated(path, "reading"):
+            return os.read(fd, size)
     finally:
-        os.close(fd)
+        close_read(fd)
+
+
+def exists(path: str) -> bool:
+    """True if `path` names anything (a symlink included, never followed); StoreIOError if
+    the system cannot say (os.path.lexists would answer False to EACCES or EIO)."""
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        if exc.errno == errno.ENOTDIR:
+            return False  # a parent is a file: nothing can be there
+        raise io_error(path, "looking up", exc) from exc
+    return True
+
+
+def list_names(directory: str) -> list[str]:
+    """The names in `directory` (FileNotFoundError if it does not exist)."""
+    with translated(directory, "listing the directory"):
+        return os.listdir(directory)
+
+
+def rename(source: str, target: str) -> None:
+    """Rename `source` to `target` (FileNotFoundError if `source` is gone)."""
+    with translated(source, f"renaming to {target}:"):
+        os.rename(source, target)
+
+
+def refresh_mtime(path: str) -> bool:
+    """Set `path`'s mtime to now; False if the file is gone. A store shared by a group
+    refuses it to whoever is not the owner: best effort then (FORMAT.md, gc)."""
+    try:
+        os.utime(path)
+    except FileNotFoundError:
+        return False
+    except PermissionError:
+        return True
+    except OSError as exc:
+        raise io_error(path, "refreshing the modification time of", exc) from exc
+    return True
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -147,12 +320,12 @@ def write_temp(directory: str, data: bytes, mode: int = OBJECT_MODE) -> str:
         except OSError:
             pass  # the write or fsync error is the one to report; the temp file goes anyway
         finally:
-            remove_if_present(path)
+            discard(path)
         raise DurabilityError(path, "writing and syncing a temp file", exc) from exc
     try:
         os.close(fd)
     except OSError as exc:  # NFS reports deferred write errors at close
-        remove_if_present(path)
+        discard(path)
         raise DurabilityError(path, "closing a temp file", exc) from exc
     crashpoints.reach("object.temp_synced")
     return path
@@ -186,14 +359,26 @@ def fsync_dir(directory: str) -> None:
     try:
         os.fsync(fd)
     except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.close(fd)  # the fsync error is the one to report
         raise DurabilityError(directory, "syncing a directory", exc) from exc
-    finally:
+    try:
         os.close(fd)
+    except OSError as exc:  # a deferred error of the sync (NFS) is a failed sync
+        raise DurabilityError(directory, "closing a synced directory", exc) from exc
 
 
 def remove_if_present(path: str) -> None:
     """Unlink `path`; a missing file is fine (a crash or a peer may have removed it)."""
-    with contextlib.suppress(FileNotFoundError):
+    with contextlib.suppress(FileNotFoundError), translated(path, "removing"):
+        os.unlink(path)
+
+
+def discard(path: str) -> None:
+    """Unlink the temp file `path` if the system lets us: cleanup after another error (the
+    one to report) or after the name it fed was published. A temp file left behind is
+    harmless; gc removes it once it is older than its grace period."""
+    with contextlib.suppress(OSError):
         os.unlink(path)
 
 
@@ -203,6 +388,8 @@ def require_real_directory(path: str) -> None:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
         return  # created on first use
+    except OSError as exc:
+        raise io_error(path, "looking up", exc) from exc
     if not stat.S_ISDIR(mode):
         raise UnsafeFileError(path, file_kind(mode), "directory")
 
@@ -212,8 +399,10 @@ def make_dir_durable(path: str) -> bool:
     try:
         os.mkdir(path)
     except FileExistsError:
-        if not stat.S_ISDIR(os.lstat(path).st_mode):
-            raise UnsafeFileError(path, file_kind(os.lstat(path).st_mode)) from None
+        with translated(path, "looking up"):
+            mode = os.lstat(path).st_mode
+        if not stat.S_ISDIR(mode):
+            raise UnsafeFileError(path, file_kind(mode)) from None
         # It may be the name of a writer that crashed before its fsync: make it durable now.
         fsync_dir(os.path.dirname(path))
         return False
@@ -240,6 +429,6 @@ def publish_file(directory: str, name: str, data: bytes, mode: int = OBJECT_MODE
         # Also when the name existed: it may be a crashed writer's name that no fsync covered.
         fsync_dir(directory)
     finally:
-        remove_if_present(temp)
+        discard(temp)
     crashpoints.reach("object.published")
     return created

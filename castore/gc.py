@@ -113,7 +113,7 @@ def _remove_if_still_old(path: str, cutoff: float, *, dry_run: bool) -> int | No
         return info.st_size
     aside = os.path.join(os.path.dirname(path), temp_name())  # a leftover if gc dies here
     try:
-        os.rename(path, aside)
+        fsio.rename(path, aside)
     except FileNotFoundError:
         return None
     if os.lstat(aside).st_mtime >= cutoff:
@@ -125,6 +125,7 @@ def _remove_if_still_old(path: str, cutoff: float, *, dry_run: bool) -> int | No
     return info.st_size
 
 
+@fsio.translating
 def collect(
     path: str | os.PathLike[str],
     *,

@@ -49,12 +49,9 @@ class ObjectStore:
         vanished meanwhile (gc set it aside): then the caller publishes it anew."""
         try:
             self.read(object_id)
-            os.utime(self.path(object_id))
-        except (ObjectMissingError, FileNotFoundError):
+        except ObjectMissingError:
             return False
-        except PermissionError:
-            pass  # not the owner in a group store: best effort (FORMAT.md, gc)
-        return True
+        return fsio.refresh_mtime(self.path(object_id))  # best effort in a group store
 
     def read(self, object_id: str) -> bytes:
         """The framed bytes of an object, re-hashed: corrupt bytes are never returned."""
@@ -84,13 +81,9 @@ class ObjectStore:
         """The kind an object's header declares (None if absent or headerless); reads only
         the header, so checking a reference to a large blob costs one small read."""
         try:
-            fd = fsio.open_regular(self.path(object_id))
+            head = fsio.read_prefix(self.path(object_id), codec.MAX_HEADER)
         except (FileNotFoundError, UnsafeFileError):
             return None
-        try:
-            head = os.read(fd, codec.MAX_HEADER)
-        finally:
-            os.close(fd)
         parts = head.split(b"\n", 1)[0].split(b" ")
         return parts[2].decode("ascii", "replace") if len(parts) == 4 else None
 

@@ -8,8 +8,6 @@ one, on every host, whatever the locks do.
 
 from __future__ import annotations
 
-import os
-
 from castore import crashpoints, fsio
 from castore.digest import hash_bytes
 from castore.errors import CommitUncertainError, ConflictError, DurabilityError
@@ -30,11 +28,7 @@ class TaskSlots:
         return self._layout.slot_path(self.task_id, seq)
 
     def exists(self, seq: int) -> bool:
-        try:
-            os.lstat(self.path(seq))
-        except FileNotFoundError:
-            return False
-        return True
+        return fsio.exists(self.path(seq))
 
     def head_seq(self) -> int | None:
         """The highest sequence number present, in O(log n) stat calls; None if no slot."""
@@ -54,11 +48,10 @@ class TaskSlots:
     def present(self) -> list[int]:
         """Every slot number in the chain directory (one directory read)."""
         found = []
-        with os.scandir(self.directory) as entries:
-            for entry in entries:
-                seq = parse_slot_name(entry.name)
-                if seq is not None:
-                    found.append(seq)
+        for name in fsio.list_names(self.directory):
+            seq = parse_slot_name(name)
+            if seq is not None:
+                found.append(seq)
         return sorted(found)
 
     def read(self, seq: int) -> bytes:

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from collections.abc import Collection, Iterator
 from typing import Any
 
 from castore import codec, fsio, gate, resolution, status
 from castore.errors import (
-    ChainError,
     ConflictError,
     FormatVersionError,
+    IntegrityError,
+    ObjectCorruptError,
     StoreExistsError,
+    StoreIOError,
     StoreNotFoundError,
     TaskExistsError,
     TaskNotFoundError,
@@ -44,6 +47,7 @@ MARKER = {"format": "castore", "version": codec.FORMAT_VERSION}
 DEFAULT_LOCK_TIMEOUT = 10.0
 
 
+@fsio.translating_methods  # no OSError leaves the public API: a castore error names the path
 class Store:
     """One store directory. Open it with `Store.open` or create it with `Store.init`."""
 
@@ -96,6 +100,12 @@ class Store:
             data = fsio.read_regular(self.layout.marker)
         except FileNotFoundError:
             raise StoreNotFoundError(self.root) from None
+        except StoreIOError as exc:
+            if exc.errno != errno.ENOTDIR:
+                raise
+            raise StoreNotFoundError(
+                self.root, "it is not a directory", "give the path of a store directory"
+            ) from None
         except UnsafeFileError as exc:
             raise StoreNotFoundError(self.root, f"{self.layout.marker} is a {exc.found}") from None
         # A symlinked directory inside the store would let commits write outside it.
@@ -215,7 +225,7 @@ class Store:
         """Where a task stands (a broken chain is reported in `.error`, not raised)."""
         try:
             chain = self.verify(task_id)
-        except (ChainError, FormatVersionError) as exc:
+        except (IntegrityError, FormatVersionError) as exc:  # a planted file included
             return status.broken(task_id, exc)
         return status.describe(chain, self._clock())
 
@@ -266,13 +276,17 @@ class Store:
 
     def put_blob(self, value: Any, *, allow_fields: Collection[str] = ()) -> BlobRef:
         """Store a large result as a blob; record the returned BlobRef in its place."""
+        codec.check_depth(value)  # before the secret scan, which recurses
         refuse_secrets(value, allow_fields)
         return BlobRef(self.objects.put("blob", codec.encode_value(value)))
 
     def get_blob(self, ref: BlobRef | str) -> Any:
         """The value of a blob, verified."""
         blob_id = ref.blob if isinstance(ref, BlobRef) else ref
-        return codec.decode_value(self.objects.get(blob_id, "blob"))
+        try:
+            return codec.decode_value(self.objects.get(blob_id, "blob"))
+        except ValueError as exc:  # hash-valid but not a value castore writes (too deep, ...)
+            raise ObjectCorruptError(blob_id, self.objects.path(blob_id), str(exc)) from exc
 
     def _slots(self, task_id: str) -> TaskSlots:
         slots = TaskSlots(self.layout, self.objects, task_id)

@@ -11,6 +11,7 @@ import errno
 
 import filelock
 
+from castore import fsio
 from castore.errors import TaskBusyError
 
 LOCK_MODE = 0o664  # group members share a store
@@ -22,6 +23,7 @@ class TaskLock:
 
     def __init__(self, path: str, task_id: str) -> None:
         self._task_id = task_id
+        self._path = path
         # Never delete the lock file (unlinking splits waiters across inodes), and never fall
         # back to filelock's soft lock, which a crashed holder on another host would wedge.
         self._lock = filelock.FileLock(
@@ -39,12 +41,18 @@ class TaskLock:
             self._lock.acquire(timeout=timeout)
         except filelock.Timeout:
             raise TaskBusyError(self._task_id, timeout) from None
-        except (NotImplementedError, OSError) as exc:
-            if isinstance(exc, OSError) and exc.errno not in _NO_FLOCK:
-                raise
+        except NotImplementedError:
             return False
+        except OSError as exc:
+            if exc.errno in _NO_FLOCK:
+                return False
+            # A planted symlink (O_NOFOLLOW: ELOOP), no permission, an I/O error.
+            raise fsio.io_error(self._path, "opening and locking the task lock", exc) from exc
         return True
 
     def release(self) -> None:
         """Release the lock; the lock file stays (unlinking it would split waiters)."""
-        self._lock.release()
+        try:
+            self._lock.release()
+        except OSError as exc:  # the kernel dropped the lock with the descriptor; an I/O error
+            raise fsio.io_error(self._path, "releasing the task lock", exc) from exc

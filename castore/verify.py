@@ -13,6 +13,7 @@ from castore.errors import (
     CastoreError,
     ChainError,
     FormatVersionError,
+    StoreIOError,
     TaskNotFoundError,
     UnknownVersionError,
 )
@@ -99,10 +100,13 @@ def _read_snapshot(objects: ObjectStore, task_id: str, object_id: object, seq: i
         # objects.read validates the id before it becomes a path (once, not twice per walk).
         return objects.read(object_id if isinstance(object_id, str) else repr(object_id))
     except CastoreError as exc:
-        if isinstance(exc, FormatVersionError):
+        if isinstance(exc, FormatVersionError | StoreIOError):
             raise
         raise ChainError(
-            task_id, f"snapshot of sequence {seq} ({object_id}): {exc}", object_id=str(object_id)
+            task_id,
+            f"snapshot of sequence {seq} ({object_id}): {exc}",
+            object_id=str(object_id),
+            seq=seq,
         ) from exc
 
 
@@ -138,10 +142,13 @@ def _verify(
         raise TaskNotFoundError(task_id)
     try:
         slot_data = slots.read(head_seq)
+    except StoreIOError:
+        raise  # the system could not read it: not a broken chain (and no backup to restore)
     except (OSError, CastoreError) as exc:
         raise ChainError(
-            task_id, f"HEAD slot {head_seq} unreadable: {exc}", slots.path(head_seq)
+            task_id, f"HEAD slot {head_seq} unreadable: {exc}", slots.path(head_seq), seq=head_seq
         ) from exc
+    _check_head_frame(task_id, slots.path(head_seq), slot_data, head_seq)
     _check_contiguous(slots, head_seq)
     head_id = hash_bytes(slot_data)
     # The slot and the object are one inode; reading the object proves it is published.
@@ -153,8 +160,13 @@ def _verify(
     seen: list[str] = []
     seen_set: set[str] = set()
     while True:
-        entry = _decode_snapshot_body(task_id, current_id, data)
-        _check_link(task_id, current_id, entry, expected_seq, child)
+        try:
+            entry = _decode_snapshot_body(task_id, current_id, data)
+            _check_link(task_id, current_id, entry, expected_seq, child)
+        except ChainError as exc:
+            if exc.seq is not None:
+                raise
+            raise exc.at_slot(expected_seq) from exc
         head_entry = head_entry or entry
         _record_outcome(outcomes, entry, expected_seq)
         seen.append(current_id)
@@ -176,6 +188,17 @@ def _verify(
         ids=tuple(seen),
         expected_plan=expected_plan,
     )
+
+
+def _check_head_frame(task_id: str, path: str, data: bytes, seq: int) -> None:
+    """A HEAD slot whose own bytes are not a whole object (truncated, emptied) is said to be
+    so: its hash names no object, which would otherwise read as a missing object."""
+    try:
+        codec.unframe(data, path)
+    except codec.FrameError as exc:
+        raise ChainError(
+            task_id, f"HEAD slot {seq} is damaged: {exc.reason}", path, seq=seq
+        ) from None
 
 
 def _check_contiguous(slots: TaskSlots, head_seq: int) -> None:
@@ -285,7 +308,7 @@ def _finish(
 def _read_plan_bytes(objects: ObjectStore, task_id: str, plan_id: str) -> None:
     try:
         objects.get(plan_id, "plan")
-    except FormatVersionError:
+    except (FormatVersionError, StoreIOError):
         raise
     except CastoreError as exc:
         raise ChainError(task_id, f"plan {plan_id}: {exc}", object_id=plan_id) from exc
@@ -296,7 +319,7 @@ def read_plan(objects: ObjectStore, task_id: str, plan_id: str) -> Plan:
     try:
         plan_body = objects.get(validate_object_id(plan_id), "plan")
         return codec.from_builtins(codec.decode_value(plan_body), Plan)
-    except FormatVersionError:
+    except (FormatVersionError, StoreIOError):
         raise
     except CastoreError as exc:
         raise ChainError(task_id, f"plan {plan_id}: {exc}", object_id=str(plan_id)) from exc

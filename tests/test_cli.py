@@ -556,12 +556,13 @@ def test_log_of_a_corrupted_chain_exits_3(
     assert_one_error_line(err)
 
 
-def test_show_of_a_missing_object_exits_3(
+def test_show_of_an_absent_object_exits_2(
     store: castore.Store, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`show` of a well-formed id the store does not hold exits 3 with one error line."""
+    """`show` of a well-formed id the store does not hold exits 2 (a wrong id, not damage)
+    with one error line."""
     code, out, err = cli(capsys, "--store", str(store.root), "show", "0" * 64)
-    assert (3, "") == (code, out)
+    assert (2, "") == (code, out)
     assert_one_error_line(err)
 
 

@@ -60,9 +60,9 @@ def test_corrupt_snapshot_object_is_a_chain_error(store: castore.Store) -> None:
         store.resume(TASK, PLAN)
     error = caught.value
     assert ids[1] == error.object_id
-    assert f"task {TASK!r}: chain does not verify" in str(error)
+    assert f"task {TASK!r}: the chain is broken at slot 1" in str(error)
     assert "is corrupt" in str(error)
-    assert "refusing to resume" in str(error)
+    assert "will not resume" in str(error)
     assert isinstance(error, castore.ResumeRefusedError)
     assert isinstance(error, castore.IntegrityError)
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 import castore
-from castore import errors
+from castore import errors, fsio
 
 DEFAULT_STORE = ".castore"
 STORE_ENV = "CASTORE_STORE"
@@ -186,7 +186,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
         return EXIT_BROKEN_PIPE
+    except OSError as exc:  # the last net: the library translates its own, this is I/O too
+        print(f"castore: error: {os_error_text(exc)}", file=sys.stderr)
+        return EXIT_FAILURE
     return status
+
+
+def os_error_text(exc: OSError) -> str:
+    """One line for an OSError that no castore code translated: the path and the reason."""
+    path = os.fsdecode(exc.filename) if exc.filename is not None else "a file"
+    return str(fsio.io_error(path, "accessing", exc))
 
 
 def entry_point() -> None:

@@ -12,8 +12,9 @@ from castore.doctor import run_doctor
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     target = store_path(args)
-    if not os.path.isdir(target):  # the store may not exist yet: check where it would live
+    if not os.path.lexists(target):  # the store may not exist yet: check where it would live
         target = os.path.dirname(os.path.abspath(target))
+    # Anything else that is not a directory (a file, a dangling link) run_doctor refuses.
     report = run_doctor(target, args.peer)
     if args.json:
         print(json.dumps(report.to_json(), sort_keys=True, ensure_ascii=False))

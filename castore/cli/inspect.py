@@ -18,7 +18,7 @@ from castore.cli import (
     open_store,
     positive_int,
 )
-from castore.errors import ChainError, ObjectMissingError, UsageError
+from castore.errors import ChainError, UsageError
 from castore.layout import display_name, validate_object_id
 from castore.records import Snapshot
 from castore.store import Store
@@ -100,7 +100,11 @@ def cmd_show(args: argparse.Namespace) -> int:
     store = open_store(args)
     object_id = _resolve_ref(store, args.id)
     if not store.objects.exists(object_id):
-        raise ObjectMissingError(object_id, store.objects.path(object_id))
+        # Nothing names it, so nothing is damaged: the id is wrong, not the store.
+        raise UsageError(
+            f"no object {object_id} in {store.root}; copy an id from `castore log TASK` or "
+            "name a snapshot as TASK@SEQ"
+        )
     data = store.objects.read(object_id)
     kind, body = codec.unframe(data, store.objects.path(object_id))
     value = codec.decode_value(body)

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 import attrs
 
+from castore import fsio
 from castore.errors import UsageError
 from castore.fsck.coverage import Coverage
 from castore.fsck.findings import CODES, Finding, Severity
@@ -62,6 +63,7 @@ class Summary:
         }
 
 
+@fsio.translating_iterator
 def check_store(
     path: str | os.PathLike[str],
     *,

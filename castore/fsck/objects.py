@@ -12,7 +12,7 @@ import attrs
 from castore import codec
 from castore.digest import hash_bytes
 from castore.errors import CastoreError, FormatVersionError, UnsafeFileError
-from castore.fastdecode import decode_canonical, decode_canonical_value
+from castore.fastdecode import decode_canonical, decode_canonical_value, too_deep
 from castore.fsck.findings import Finding
 from castore.fsio import read_regular_with_stat
 from castore.layout import object_relpath
@@ -210,6 +210,8 @@ def _decode_strict(kind: str, body: bytes) -> object:
         raise _Damage("undecodable", str(exc)) from None
     except RecursionError:
         raise _Damage("undecodable", "nested too deeply to decode") from None
+    if too_deep(value, codec.MAX_DEPTH):
+        raise _Damage("undecodable", f"nested more than {codec.MAX_DEPTH} deep (castore's limit)")
     if canonical != body:
         raise _Damage("not-canonical", "re-encoding the body gives different bytes")
     if kind not in _RECORDS:

@@ -46,7 +46,7 @@ def quarantine(root: str, findings: Iterable[Finding]) -> tuple[str, list[Findin
         target = os.path.join(base, relpath)
         fsio.make_dirs_durable(os.path.dirname(target))
         try:
-            os.rename(os.path.join(root, relpath), target)  # same filesystem: atomic, no copy
+            fsio.rename(os.path.join(root, relpath), target)  # same filesystem: atomic, no copy
         except FileNotFoundError:
             continue  # gone since fsck looked; nothing to move
         fsio.fsync_dir(os.path.dirname(os.path.join(root, relpath)))

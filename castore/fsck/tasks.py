@@ -242,13 +242,13 @@ class TaskCheck:
     def _load_slot(self, path: str, seq: int, relpath: str) -> tuple[str, Snapshot] | None:
         try:
             data, info = read_with_stat(path)
+        except OSError as exc:  # StoreIOError included: the system could not read it
+            self.unreadable = True
+            self.add("read-error", relpath, str(exc))
+            return None
         except CastoreError as exc:
             self.unreadable = True
             self.add("unsafe-file", relpath, str(exc))
-            return None
-        except OSError as exc:
-            self.unreadable = True
-            self.add("read-error", relpath, str(exc))
             return None
         snapshot_id = hash_bytes(data)
         self.refs.add(snapshot_id)
