@@ -225,9 +225,12 @@ def test_log_of_a_broken_chain_names_the_slot_and_fsck(
         run.commit_step("b", 2)
     rewrite(Path(store.layout.slot_path(TASK, 1)), flip_bit)
     code, out, err = cli(capsys, "--store", store.root, "log", TASK)
-    assert (3, "") == (code, out)
+    # log shows the intact slots and names the bad one in its place (issue 12, item 16).
+    assert 3 == code
+    assert ["2", "0"] == [line.split()[0] for line in out.splitlines() if line[:1] != "s"]
+    assert "slot 1: " in out
     assert_one_error_line(err)
-    assert "the chain is broken at slot 1" in err
+    assert "sequence 1" in err
     assert f"castore fsck --task {TASK}" in err
     assert "refusing to resume" not in err
 
