@@ -12,6 +12,7 @@
     │   ├── StoreNotFoundError (FileNotFoundError)
     │   ├── StoreExistsError (FileExistsError)
     │   ├── FormatVersionError                   written by a format this reader does not know
+    │   ├── StoreIOError (OSError)               reading, listing or renaming in it failed
     │   └── DurabilityError (OSError)            a write/fsync failed; nothing was published
     │       └── CommitUncertainError             the commit point was taken, its fsync failed
     ├── IntegrityError                           bytes on disk are not what they claim to be
@@ -152,6 +153,21 @@ class FormatVersionError(StoreError):
         super().__init__(
             f"{path} uses castore format version {found!r}; this castore reads "
             f"{', '.join(map(str, supported))}. Upgrade castore to read it; do not edit the store"
+        )
+
+
+class StoreIOError(StoreError, OSError):
+    """An operation on a file or directory of the store failed (permissions, I/O errors): the
+    store was left as it was, or as the message says."""
+
+    def __init__(self, path: str, operation: str, cause: OSError, outcome: str = "") -> None:
+        self.path = path
+        self.operation = operation
+        super().__init__(
+            cause.errno,
+            f"{operation} {path} failed: {cause.strerror or cause}; "
+            f"{outcome or 'nothing was changed'}. Check that you may read and write the "
+            "store and that the disk is healthy, then retry",
         )
 
 

@@ -239,8 +239,10 @@ class Run:
             writer=self._writer,
         )
         data = encode_snapshot(snapshot, self._settings)
+        # What no earlier slot names: gc could remove it before it sees this commit (refs.py).
+        relies_on = [oid for oid in (transition.result_ref, plan_id) if oid is not None]
         try:
-            snapshot_id = self._slots.commit(data, snapshot.seq, self.head_id)
+            snapshot_id = self._slots.commit(data, snapshot.seq, self.head_id, relies_on)
         except (ConflictError, CommitUncertainError) as exc:
             self._stale = exc  # the run no longer knows HEAD: it must stop and resume
             raise

@@ -130,7 +130,8 @@ class Store:
         with self._locked(task_id, lock_timeout) as lock:
             head = initial_snapshot(task_id, plan, plan_id, settings)
             try:
-                head_id = slots.commit(encode_snapshot(head, settings), 0, "<none: new task>")
+                data = encode_snapshot(head, settings)
+                head_id = slots.commit(data, 0, "<none: new task>", (plan_id,))
             except ConflictError:
                 raise TaskExistsError(task_id) from None
         chain = VerifiedChain(task_id, head, head_id, plan, plan_id, plan_id, {}, (head_id,))
