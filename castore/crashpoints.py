@@ -26,7 +26,6 @@ POINTS = (
     "object.published",
     "commit.before_link",
     "commit.linked",
-    "commit.checked",
     "commit.done",
     "effect.submitted",
     "effect.sent",

@@ -123,22 +123,27 @@ class StoreError(CastoreError):
 class StoreNotFoundError(StoreError, FileNotFoundError):
     """The path is not a castore store."""
 
-    def __init__(self, path: str, detail: str = "") -> None:
+    def __init__(self, path: str, detail: str = "", advice: str = "") -> None:
         self.path = path
         extra = f" ({detail})" if detail else ""
         super().__init__(
-            f"no castore store at {path}{extra}; create one with `castore init {path}` or "
-            "point --store / $CASTORE_STORE at an existing store"
+            f"no castore store at {path}{extra}; "
+            + (
+                advice
+                or f"create one with `castore init {path}` or point --store / $CASTORE_STORE "
+                "at an existing store"
+            )
         )
 
 
 class StoreExistsError(StoreError, FileExistsError):
     """`init` was asked to create a store where something already is."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, detail: str = "") -> None:
         self.path = path
+        extra = f" ({detail})" if detail else ""
         super().__init__(
-            f"{path} already exists and is not an empty directory; "
+            f"{path} already exists and is not an empty directory{extra}; "
             "choose a new path, or open the existing store instead of initialising it"
         )
 
