@@ -5,8 +5,8 @@ ever removed, however long a writer pauses. The second holds by a handshake with
 (refs.py), because age alone cannot protect an object whose writer paused longer than the
 grace period between publishing it and linking the slot that names it:
 
-1. gc reads every slot, then sets every old object no slot names aside (rename to a temp
-   name: its name is gone from then on);
+1. gc reads every slot, then sets every old object no slot names aside (a second name, a temp
+   name, then its own name unlinked: gone from then on);
 2. only then does it read the slots again (those linked since step 1), and puts back every
    set-aside object one of them names, or that became young (a writer refreshed it);
 3. only then does it unlink the rest.
@@ -211,10 +211,17 @@ def _collect_batch(
             continue  # gone, or a writer refreshed it since it was listed
         temp = os.path.join(os.path.dirname(full), temp_name())  # a leftover if gc dies here
         try:
-            os.rename(full, temp)
+            os.link(full, temp, follow_symlinks=False)
         except FileNotFoundError:
             continue
         aside.append((relpath, full, temp, size))
+    # Set aside as link, fsync, unlink rather than rename: a rename is two directory entry
+    # changes that a power loss may split, leaving neither name; this way every state after
+    # a crash has the object under one name or the other (and the next gc heals a temp one).
+    for directory in sorted({os.path.dirname(full) for _, full, _, _ in aside}):
+        fsio.fsync_dir(directory)
+    for _, full, _, _ in aside:
+        fsio.remove_if_present(full)
     crashpoints.reach("gc.set_aside")
     slots.read_new()  # after every set-aside: see the module docstring
     crashpoints.reach("gc.reread")
@@ -224,6 +231,7 @@ def _collect_batch(
         named = slots.unreadable or os.path.basename(full) in slots.referenced
         if named or os.lstat(temp).st_mtime >= cutoff:
             fsio.link_new(temp, full)  # put back (a writer may have stored it again: fine)
+            fsio.fsync_dir(os.path.dirname(full))  # the name back before the temp name goes
             fsio.remove_if_present(temp)
             continue
         fsio.remove_if_present(temp)

@@ -118,19 +118,19 @@ def test_an_object_stored_again_intact_after_fsck_is_not_quarantined(
 def test_an_object_stored_again_between_the_look_and_the_move_is_put_back(
     store: castore.Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The writer stores the blob again after quarantine's last look and before its rename:
+    """The writer stores the blob again after quarantine's last look and before its move:
     the look after the move finds it intact and puts it back."""
     blob, path, findings = damaged_blob(store)
-    real_rename = os.rename
+    real_link = os.link
     swapped: list[str] = []
 
-    def rename(src: str, dst: str, **kwargs: object) -> None:
+    def link(src: str, dst: str, **kwargs: object) -> None:
         if src == blob and not swapped:
             store_again_intact(store, path)  # between the look and the move
             swapped.append(src)
-        real_rename(src, dst, **kwargs)  # type: ignore[arg-type]
+        real_link(src, dst, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(quarantine_module.os, "rename", rename)
+    monkeypatch.setattr(quarantine_module.os, "link", link)
     where, moved = quarantine(store.root, findings)
     monkeypatch.undo()
     assert ([blob], []) == (swapped, moved)

@@ -136,11 +136,9 @@ def _move(root: str, root_fd: int, base_fd: int, relpath: str, finding: Finding)
             shown = "/".join(parts[: depth + 1])
             target_fd = stack.enter_context(_subdir(root, target_fd, shown))
         try:
-            os.rename(name, name, src_dir_fd=source_fd, dst_dir_fd=target_fd)  # no copy
+            _relocate(name, source_fd, target_fd)
         except FileNotFoundError:
             return False  # gone since fsck looked; nothing to move
-        os.fsync(source_fd)
-        os.fsync(target_fd)
         crashpoints.reach("quarantine.moved")
         if _damaged(target_fd, name, relpath, finding):
             return True
@@ -152,6 +150,20 @@ def _move(root: str, root_fd: int, base_fd: int, relpath: str, finding: Finding)
         os.unlink(name, dir_fd=target_fd)
         os.fsync(target_fd)
         return False
+
+
+def _relocate(name: str, source_fd: int, target_fd: int) -> None:
+    """Move `name` from one directory to the other, the same inode, durably. A second name
+    first, made durable, then the first one unlinked: a rename is two directory changes a
+    power loss may split, losing both names. (A directory cannot be linked: renamed.)"""
+    if stat.S_ISDIR(os.lstat(name, dir_fd=source_fd).st_mode):
+        os.rename(name, name, src_dir_fd=source_fd, dst_dir_fd=target_fd)
+    else:
+        os.link(name, name, src_dir_fd=source_fd, dst_dir_fd=target_fd, follow_symlinks=False)
+        os.fsync(target_fd)
+        os.unlink(name, dir_fd=source_fd)
+    os.fsync(source_fd)
+    os.fsync(target_fd)
 
 
 def _damaged(dir_fd: int, name: str, relpath: str, finding: Finding) -> bool:
