@@ -77,6 +77,14 @@ class ObjectStore:
             while self._recent_size > _RECENT_BYTES:
                 self._recent_size -= len(self._recent.popitem(last=False)[1])
 
+    def restore(self, object_id: str) -> None:
+        """Store again an object this process stored lately if its name is gone (gc took it
+        before a commit named it); a no-op otherwise."""
+        with self._recent_lock:
+            data = self._recent.get(object_id)
+        if data is not None and not self.exists(object_id):
+            self.put_framed(data)
+
     def hold(self, object_id: str) -> bytes:
         """The framed bytes of an object a commit is about to name, in hand (so the commit can
         store it again if gc removes it before gc sees the commit), and its mtime refreshed.

@@ -186,7 +186,9 @@ class Run:
                 "call:` so its key is persisted before the request"
             )
         inline, ref = (None, result.blob) if isinstance(result, BlobRef) else (result, None)
-        if ref is not None and self._objects.kind_of(validate_object_id(ref)) != "blob":
+        if ref is not None:
+            self._objects.restore(validate_object_id(ref))  # gc took it before this commit
+        if ref is not None and self._objects.kind_of(ref) != "blob":
             raise UsageError(f"blob {ref} is not in this store; store it with store.put_blob()")
         transition = Transition(TransitionKind.STEP, step=step_id, result=inline, result_ref=ref)
         snapshot_id = self.advance(transition, self.head.effects, move_frontier=True)

@@ -3,8 +3,9 @@
 Every directory is reached through descriptors opened without following symlinks, from the
 store root down: a `quarantine/` (or any directory below it, or a fan-out directory) planted
 as a symlink is refused, never written through. Each file is checked again right before it
-is moved and once more after, where it landed (a writer may have stored the object again,
-intact, since fsck looked): an intact one is left, or put back, where it belongs.
+is moved, and once more after it got its second name in the run directory, before its own
+name is removed (a writer may have stored the object again, intact, since fsck looked): an
+intact one stays where it belongs.
 """
 
 from __future__ import annotations
@@ -136,34 +137,36 @@ def _move(root: str, root_fd: int, base_fd: int, relpath: str, finding: Finding)
             shown = "/".join(parts[: depth + 1])
             target_fd = stack.enter_context(_subdir(root, target_fd, shown))
         try:
-            _relocate(name, source_fd, target_fd)
+            if stat.S_ISDIR(os.lstat(name, dir_fd=source_fd).st_mode):
+                # A directory cannot be linked: renamed, the only rename castore makes (O1).
+                os.rename(name, name, src_dir_fd=source_fd, dst_dir_fd=target_fd)
+                os.fsync(source_fd)
+                os.fsync(target_fd)
+                return True
+            # A second name first, made durable, and only then the first one removed: a
+            # rename is two directory changes a power loss may split, losing both names.
+            os.link(name, name, src_dir_fd=source_fd, dst_dir_fd=target_fd, follow_symlinks=False)
         except FileNotFoundError:
             return False  # gone since fsck looked; nothing to move
+        _sync_second_name(target_fd)
         crashpoints.reach("quarantine.moved")
-        if _damaged(target_fd, name, relpath, finding):
-            return True
-        # A writer stored it again between the look and the move: put it back (a copy it
-        # stored meanwhile wins: same bytes), or a live task would stop verifying.
-        with suppress(FileExistsError):
-            os.link(name, name, src_dir_fd=target_fd, dst_dir_fd=source_fd, follow_symlinks=False)
+        moved = os.lstat(name, dir_fd=target_fd)
+        if not _damaged(target_fd, name, relpath, finding):
+            # A writer stored it again between the look and the link: the store keeps it.
+            os.unlink(name, dir_fd=target_fd)
+            os.fsync(target_fd)
+            return False
+        with suppress(FileNotFoundError):
+            if os.lstat(name, dir_fd=source_fd).st_ino == moved.st_ino:  # else replaced since
+                os.unlink(name, dir_fd=source_fd)
         os.fsync(source_fd)
-        os.unlink(name, dir_fd=target_fd)
-        os.fsync(target_fd)
-        return False
+        return True
 
 
-def _relocate(name: str, source_fd: int, target_fd: int) -> None:
-    """Move `name` from one directory to the other, the same inode, durably. A second name
-    first, made durable, then the first one unlinked: a rename is two directory changes a
-    power loss may split, losing both names. (A directory cannot be linked: renamed.)"""
-    if stat.S_ISDIR(os.lstat(name, dir_fd=source_fd).st_mode):
-        os.rename(name, name, src_dir_fd=source_fd, dst_dir_fd=target_fd)
-    else:
-        os.link(name, name, src_dir_fd=source_fd, dst_dir_fd=target_fd, follow_symlinks=False)
-        os.fsync(target_fd)
-        os.unlink(name, dir_fd=source_fd)
-    os.fsync(source_fd)
-    os.fsync(target_fd)
+def _sync_second_name(dir_fd: int) -> None:
+    """Make the run directory's new name durable before the file's own name goes (the
+    power-loss self-test removes exactly this step, tests/test_power_loss_gc.py)."""
+    os.fsync(dir_fd)
 
 
 def _damaged(dir_fd: int, name: str, relpath: str, finding: Finding) -> bool:
