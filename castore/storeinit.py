@@ -69,13 +69,20 @@ def leftovers_only(root: str, *, but_marker: bool = False) -> str | None:
         info = os.lstat(root)
     except FileNotFoundError:
         return None
+    except OSError as exc:
+        raise StoreIOError(root, "looking at", exc) from exc
     if not stat.S_ISDIR(info.st_mode):
         return f"{root} is a {fsio.file_kind(info.st_mode)}, not a directory"
     for name in sorted(listdir(root)):
         if but_marker and name == MARKER_NAME:
             continue
         path = os.path.join(root, name)
-        found = _foreign(path, name)
+        try:
+            found = _foreign(path, name)
+        except StoreIOError:
+            raise
+        except OSError as exc:
+            raise StoreIOError(path, "looking at", exc) from exc
         if found is not None:
             return found
     return None

@@ -334,3 +334,27 @@ def test_many_processes_creating_one_store_at_once_all_succeed(tmp_path: Path) -
         root = tmp_path / f"s{number}" / "store"
         assert [] == errors_of(root)
         assert [] == [f for f in check_store(root, jobs=1) if f.code != "temp-file"]
+
+
+def test_an_os_error_while_creating_is_a_castore_error_naming_the_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EACCES on a fan-out mkdir: StoreIOError naming that directory and the cause, saying
+    init completes the store once fixed; and it does."""
+    root = tmp_path / "store"
+    real_mkdir = os.mkdir
+
+    def mkdir(path: str, *args: Any, **kwargs: Any) -> None:
+        if path.endswith(os.path.join("objects", "7f")):
+            raise PermissionError(13, "Permission denied", path)
+        real_mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    with pytest.raises(castore.errors.StoreIOError) as caught:
+        castore.Store.open(root, create=True)
+    monkeypatch.undo()
+    assert str(root / "objects" / "7f") == caught.value.path
+    assert "Permission denied" in str(caught.value)
+    assert f"`castore init {root}` completes it" in str(caught.value)
+    castore.Store.open(root, create=True)
+    assert_whole(root)
