@@ -1,7 +1,9 @@
 """Named crash points: SIGKILL this process at a chosen durable transition, for crash tests.
 
-`CASTORE_CRASH_AT=name[:nth]` arms one point (the nth time it is reached, default 1). The
-variable is read once at import; an unarmed point costs one comparison.
+`CASTORE_CRASH_AT=name[:nth]` arms one point (the nth time it is reached, default 1).
+`CASTORE_PAUSE_AT=name[:nth]` stops the process there instead (SIGSTOP), so a test can run
+something else in the middle of a commit or a gc and then let it go on with SIGCONT. The
+variables are read once at import; an unarmed point costs one comparison.
 """
 
 from __future__ import annotations
@@ -10,9 +12,13 @@ import os
 import signal
 
 ENV_VAR = "CASTORE_CRASH_AT"
+PAUSE_VAR = "CASTORE_PAUSE_AT"
 
 # Every point castore offers, in the order a commit reaches them. docs/FORMAT.md lists them.
 POINTS = (
+    "init.root",
+    "init.fanout",
+    "init.tasks",
     "object.temp_created",
     "object.mid_write",
     "object.temp_synced",
@@ -24,19 +30,25 @@ POINTS = (
     "effect.submitted",
     "effect.sent",
     "effect.confirmed",
+    "gc.slots_read",
+    "gc.set_aside",
+    "gc.reread",
+    "quarantine.moved",
 )
 
 
-def _parse(spec: str | None) -> tuple[str, int] | None:
+def _parse(var: str) -> tuple[str, int] | None:
+    spec = os.environ.get(var)
     if not spec:
         return None
     name, _, nth = spec.partition(":")
     if name not in POINTS:
-        raise ValueError(f"{ENV_VAR}={spec!r}: unknown crash point; known: {', '.join(POINTS)}")
+        raise ValueError(f"{var}={spec!r}: unknown crash point; known: {', '.join(POINTS)}")
     return name, int(nth) if nth else 1
 
 
-_armed = _parse(os.environ.get(ENV_VAR))
+_armed = _parse(ENV_VAR)
+_paused = _parse(PAUSE_VAR)
 _seen: dict[str, int] = {}
 
 
@@ -46,9 +58,12 @@ def armed(name: str) -> bool:
 
 
 def reach(name: str) -> None:
-    """Die by SIGKILL if `name` is the armed point and this is its nth arrival."""
-    if _armed is None or _armed[0] != name:
+    """Die by SIGKILL if `name` is the armed point and this is its nth arrival; stop (until
+    SIGCONT) if it is the paused point and this is its nth arrival."""
+    if (_armed is None or _armed[0] != name) and (_paused is None or _paused[0] != name):
         return
     _seen[name] = _seen.get(name, 0) + 1
-    if _seen[name] == _armed[1]:
+    if _armed is not None and _armed == (name, _seen[name]):
         os.kill(os.getpid(), signal.SIGKILL)
+    if _paused is not None and _paused == (name, _seen[name]):
+        os.kill(os.getpid(), signal.SIGSTOP)

@@ -151,18 +151,22 @@ class StoreNotFoundError(StoreError, FileNotFoundError):
         extra = f" ({detail})" if detail else ""
         super().__init__(
             f"no castore store at {path}{extra}; "
-            + (advice or f"create one with `castore init {path}`")
-            + " or point --store / $CASTORE_STORE at an existing store"
+            + (
+                advice
+                or f"create one with `castore init {path}` or point --store / $CASTORE_STORE "
+                "at an existing store"
+            )
         )
 
 
 class StoreExistsError(StoreError, FileExistsError):
     """`init` was asked to create a store where something already is."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, detail: str = "") -> None:
         self.path = path
+        extra = f" ({detail})" if detail else ""
         super().__init__(
-            f"{path} already exists and is not an empty directory; "
+            f"{path} already exists and is not an empty directory{extra}; "
             "choose a new path, or open the existing store instead of initialising it"
         )
 
@@ -216,12 +220,14 @@ class StoreIOError(StoreError, OSError):
     a path component that is not a directory), read or write; an absent file is reported by
     the error of what was looked for (StoreNotFoundError, ObjectMissingError, ...)."""
 
-    def __init__(self, path: str, operation: str, cause: OSError) -> None:
+    def __init__(self, path: str, operation: str, cause: OSError, outcome: str = "") -> None:
         self.path = path
         self.operation = operation
+        done = f"{outcome}; " if outcome else ""
         super().__init__(
             cause.errno,
-            f"{operation} {path} failed: {_reason(cause)}; {io_advice(cause.errno)}, then retry",
+            f"{operation} {path} failed: {_reason(cause)}; {done}{io_advice(cause.errno)}, "
+            "then retry",
         )
 
 

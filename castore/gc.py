@@ -1,11 +1,26 @@
 """`castore gc`: remove unreachable objects and leftover temp files older than a grace period.
 
-Safe against a concurrent writer by one rule: nothing younger than the grace period is ever
-removed. A writer's new object is young until its commit names it; a writer that finds an
-object already present refreshes its mtime (ObjectStore.put) so it is young again, and gc
-renames an object aside before its last look at its age, so no refresh can slip in between
-that look and the removal. Lock files, chain slots and anything gc cannot classify are never
-touched.
+Nothing younger than the grace period is removed, and no object of an acknowledged commit is
+ever removed, however long a writer pauses. The second holds by a handshake with the writer
+(refs.py), because age alone cannot protect an object whose writer paused longer than the
+grace period between publishing it and linking the slot that names it:
+
+1. gc reads every slot, then sets every old object no slot names aside (a second name, a temp
+   name, then its own name unlinked: gone from then on);
+2. only then does it read the slots again (those linked since step 1), and puts back every
+   set-aside object one of them names, or that became young (a writer refreshed it);
+3. only then does it unlink the rest.
+
+A writer acknowledges a commit only after it has looked, *after* linking its slot, for every
+object the commit relies on, and stored again from the bytes it holds any that is gone. If
+the writer's link came before gc's second read, gc sees the slot and puts the object back;
+if it came after, the object was already set aside when the writer looked (step 1 precedes
+step 2), so the writer saw the name gone and stored it again. Either way the object exists.
+
+A crash of gc between a set-aside and its put back leaves the object's bytes under the temp
+name only: the next gc links an old temp file that is a whole object back to its missing
+name instead of removing it. Lock files, chain slots and anything gc cannot classify are
+never touched.
 """
 
 from __future__ import annotations
@@ -17,11 +32,12 @@ from collections.abc import Iterator
 
 import attrs
 
-from castore import codec, fsio
+from castore import codec, crashpoints, fsio
 from castore.digest import hash_bytes
-from castore.errors import CastoreError, UsageError
+from castore.errors import CastoreError, StoreIOError, UsageError
 from castore.layout import (
     CHAIN_DIR,
+    OBJECTS_DIR,
     TASKS_DIR,
     is_object_name,
     parse_slot_name,
@@ -32,6 +48,9 @@ from castore.store import Store
 from castore.verify import named_ids
 
 DEFAULT_GRACE_S = 14 * 86400
+# Objects set aside at once before the slots are read again: bounds how many objects a gc
+# killed mid-run leaves under temp names, and how long any of them is away.
+BATCH = 1024
 
 
 @attrs.define
@@ -42,47 +61,81 @@ class GcReport:
     bytes_freed: int = 0
     kept_young: int = 0
     unreadable_tasks: list[str] = attrs.field(factory=list)
+    restored: list[str] = attrs.field(factory=list)  # objects a crashed gc had left aside
 
 
-def _referenced(root: str, report: GcReport) -> set[str]:
-    """Every object id any chain slot names, read from the slots themselves."""
-    seen: set[str] = set()
-    tasks_dir = os.path.join(root, TASKS_DIR)
-    if not os.path.isdir(tasks_dir) or os.path.islink(tasks_dir):
-        report.unreadable_tasks.append("<tasks/ is missing or not a directory>")
-        return seen
-    for task in sorted(os.listdir(tasks_dir)):
-        chain = os.path.join(tasks_dir, task, CHAIN_DIR)
-        if os.path.islink(os.path.join(tasks_dir, task)) or os.path.islink(chain):
-            report.unreadable_tasks.append(task)  # never followed: what it names is unknown
-            continue
-        if not os.path.isdir(chain):
-            continue
-        for name in os.listdir(chain):
-            if parse_slot_name(name) is None:
+class _Slots:
+    """What the chain slots name, read once per slot, and read again for new slots only."""
+
+    def __init__(self, root: str, report: GcReport) -> None:
+        self.referenced: set[str] = set()
+        self._root = root
+        self._report = report
+        self._seen: set[str] = set()
+
+    @property
+    def unreadable(self) -> bool:
+        return bool(self._report.unreadable_tasks)
+
+    def read_new(self) -> None:
+        """Read every slot not read before (slots are immutable: one read each is enough)."""
+        tasks_dir = os.path.join(self._root, TASKS_DIR)
+        if not os.path.isdir(tasks_dir) or os.path.islink(tasks_dir):
+            self._unreadable("<tasks/ is missing or not a directory>")
+            return
+        for task in sorted(_listdir(tasks_dir)):
+            chain = os.path.join(tasks_dir, task, CHAIN_DIR)
+            if os.path.islink(os.path.join(tasks_dir, task)) or os.path.islink(chain):
+                self._unreadable(task)  # never followed: what it names is unknown
                 continue
-            try:
-                data = fsio.read_regular(os.path.join(chain, name))
-                entry = codec.decode_value(codec.unframe(data)[1])
-            except (CastoreError, OSError, ValueError):
-                report.unreadable_tasks.append(task)
-                break
-            seen.add(hash_bytes(data))
-            seen.update(named_ids(entry))
-    return seen
+            if not os.path.isdir(chain):
+                continue
+            for name in _listdir(chain):
+                path = os.path.join(chain, name)
+                if parse_slot_name(name) is None or path in self._seen:
+                    continue
+                try:
+                    data = fsio.read_regular(path)
+                    entry = codec.decode_value(codec.unframe(data)[1])
+                except (CastoreError, OSError, ValueError):
+                    self._unreadable(task)
+                    break
+                self._seen.add(path)
+                self.referenced.add(hash_bytes(data))
+                self.referenced.update(named_ids(entry))
+
+    def _unreadable(self, task: str) -> None:
+        if task not in self._report.unreadable_tasks:
+            self._report.unreadable_tasks.append(task)
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except FileNotFoundError:
+        return []  # removed while gc ran (an empty chain directory of a task being made)
+    except OSError as exc:
+        raise StoreIOError(path, "listing", exc) from exc
+
+
+def _raise_walk_error(exc: OSError) -> None:
+    raise StoreIOError(str(exc.filename), "listing", exc) from exc
 
 
 def _candidates(root: str, cutoff: float, report: GcReport) -> Iterator[tuple[str, bool]]:
     """(relative path, is_temp) of every object or temp file older than `cutoff`."""
-    for name in os.listdir(root):  # an interrupted write of the marker leaves one here
+    for name in _listdir(root):  # an interrupted write of the marker leaves one here
         with contextlib.suppress(FileNotFoundError):
             if parse_temp_name(name) and os.lstat(os.path.join(root, name)).st_mtime < cutoff:
                 yield name, True
-    for top in (os.path.join(root, "objects"), os.path.join(root, TASKS_DIR)):
-        for directory, _dirs, files in os.walk(top):
+    for top in (os.path.join(root, OBJECTS_DIR), os.path.join(root, TASKS_DIR)):
+        if not os.path.lexists(top):
+            continue  # tasks/ missing: _Slots reports it; objects/ missing: nothing to do
+        # An unreadable directory must not look like an empty one ("removed 0 files").
+        for directory, _dirs, files in os.walk(top, onerror=_raise_walk_error):
             for name in files:
                 is_temp = parse_temp_name(name) is not None
-                if not is_temp and not (is_object_name(name) and top.endswith("objects")):
+                if not is_temp and not (is_object_name(name) and top.endswith(OBJECTS_DIR)):
                     continue  # slots, locks, strangers: never gc's to remove
                 path = os.path.join(directory, name)
                 try:
@@ -95,34 +148,104 @@ def _candidates(root: str, cutoff: float, report: GcReport) -> Iterator[tuple[st
                 yield os.path.relpath(path, root), is_temp
 
 
-def _remove_if_still_old(path: str, cutoff: float, *, dry_run: bool) -> int | None:
-    """Remove `path` if it is still older than `cutoff`; its size, or None if it was kept.
-
-    The object is first renamed aside, and only then is its age read: a writer that
-    refreshed it before the rename makes it young (it is put back), and a writer that comes
-    after the rename finds the name free and publishes the object again. Between one look
-    and the removal no refresh can be lost, as it could with lstat-then-unlink.
-    """
+def _old_size(path: str, cutoff: float) -> int | None:
+    """The size of `path` if it is still older than `cutoff`; None if young or gone."""
     try:
         info = os.lstat(path)
     except FileNotFoundError:
         return None
-    if info.st_mtime >= cutoff:
+    return info.st_size if info.st_mtime < cutoff else None
+
+
+def _lost_object(path: str) -> str | None:
+    """The object path a temp file in a fan-out directory should have, if it is a whole
+    object whose name is missing (a gc killed between a set-aside and its put back)."""
+    directory = os.path.dirname(path)
+    if os.path.basename(os.path.dirname(directory)) != OBJECTS_DIR:
         return None
-    if dry_run:
-        return info.st_size
-    aside = os.path.join(os.path.dirname(path), temp_name())  # a leftover if gc dies here
     try:
-        fsio.rename(path, aside)
-    except FileNotFoundError:
+        data = fsio.read_regular(path)
+        codec.unframe(data)
+    except (CastoreError, OSError, ValueError):
         return None
-    if os.lstat(aside).st_mtime >= cutoff:
-        fsio.link_new(aside, path)  # refreshed just before: put it back (unless re-published)
-        fsio.remove_if_present(aside)
-        fsio.fsync_dir(os.path.dirname(path))
+    object_id = hash_bytes(data)
+    target = os.path.join(directory, object_id)
+    if not object_id.startswith(os.path.basename(directory)) or os.path.lexists(target):
         return None
-    fsio.remove_if_present(aside)
-    return info.st_size
+    return target
+
+
+def _remove_temp(
+    root: str, full: str, cutoff: float, *, dry_run: bool, report: GcReport
+) -> int | None:
+    """Remove an old temp file (or give a lost object its name back); its size if removed."""
+    size = _old_size(full, cutoff)
+    if size is None:
+        return None
+    target = _lost_object(full)
+    if target is not None:
+        if not dry_run:
+            fd = fsio.open_regular(full)
+            try:
+                os.fsync(fd)  # a writer's temp file may never have been synced: now it is
+            finally:
+                os.close(fd)
+            fsio.link_new(full, target)
+            fsio.fsync_dir(os.path.dirname(full))  # its name back before the temp name goes
+        report.restored.append(os.path.relpath(target, root))
+    if not dry_run:
+        fsio.remove_if_present(full)
+    return size
+
+
+def _collect_batch(
+    root: str, batch: list[str], cutoff: float, slots: _Slots, report: GcReport
+) -> set[str]:
+    """Set a batch of unnamed old objects aside, read the new slots, put back what they
+    name (or what became young), unlink the rest; the directories changed."""
+    aside: list[tuple[str, str, str, int]] = []
+    for relpath in batch:
+        full = os.path.join(root, relpath)
+        size = _old_size(full, cutoff)
+        if size is None:
+            continue  # gone, or a writer refreshed it since it was listed
+        temp = os.path.join(os.path.dirname(full), temp_name())  # a leftover if gc dies here
+        try:
+            os.link(full, temp, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        aside.append((relpath, full, temp, size))
+    # Set aside as link, fsync, unlink rather than rename: a rename is two directory entry
+    # changes that a power loss may split, leaving neither name; this way every state after
+    # a crash has the object under one name or the other (and the next gc heals a temp one).
+    _sync_second_names({os.path.dirname(full) for _, full, _, _ in aside})
+    for _, full, _, _ in aside:
+        fsio.remove_if_present(full)
+    crashpoints.reach("gc.set_aside")
+    slots.read_new()  # after every set-aside: see the module docstring
+    crashpoints.reach("gc.reread")
+    touched: set[str] = set()
+    for relpath, full, temp, size in aside:
+        touched.add(os.path.dirname(full))
+        named = slots.unreadable or os.path.basename(full) in slots.referenced
+        if named or os.lstat(temp).st_mtime >= cutoff:
+            fsio.link_new(temp, full)  # put back (a writer may have stored it again: fine)
+            fsio.fsync_dir(os.path.dirname(full))  # the name back before the temp name goes
+            fsio.remove_if_present(temp)
+            continue
+        fsio.remove_if_present(temp)
+        report.removed.append(relpath)
+        report.bytes_freed += size
+    for directory in sorted(touched):
+        fsio.fsync_dir(directory)
+    return touched
+
+
+def _sync_second_names(directories: set[str]) -> None:
+    """Make the set-aside names durable before the objects' own names go (the power-loss
+    self-test removes exactly this step, tests/test_power_loss_gc.py)."""
+    for directory in sorted(directories):
+        fsio.fsync_dir(directory)
 
 
 @fsio.translating
@@ -137,25 +260,49 @@ def collect(
     if grace_s < 0:
         raise UsageError("the grace period cannot be negative")
     root = Store.open(path).root
+    try:
+        return _collect(root, grace_s, dry_run, now)
+    except CastoreError:
+        raise
+    except OSError as exc:
+        where = str(exc.filename) if exc.filename is not None else root
+        raise StoreIOError(
+            where,
+            "gc",
+            exc,
+            "objects gc had set aside were put back or are temp files the next gc puts back",
+        ) from exc
+
+
+def _collect(root: str, grace_s: float, dry_run: bool, now: float | None) -> GcReport:
     report = GcReport()
     cutoff = (now if now is not None else time.time()) - grace_s
     candidates = list(_candidates(root, cutoff, report))  # listed before reachability is read
-    referenced = _referenced(root, report)
+    slots = _Slots(root, report)
+    slots.read_new()
+    crashpoints.reach("gc.slots_read")
     touched: set[str] = set()
+    doomed: list[str] = []
     for relpath, is_temp in candidates:
-        name = os.path.basename(relpath)
-        if not is_temp and (report.unreadable_tasks or name in referenced):
-            continue  # an unreadable chain might name it: keep every object
+        if not is_temp:
+            if not slots.unreadable and os.path.basename(relpath) not in slots.referenced:
+                doomed.append(relpath)  # an unreadable chain might name anything: keep all
+            continue
         full = os.path.join(root, relpath)
-        size = _remove_if_still_old(full, cutoff, dry_run=dry_run or is_temp)
-        if size is None:
-            continue  # gone, or a writer refreshed it since it was listed
-        if is_temp and not dry_run:
-            fsio.remove_if_present(full)  # a leftover: nobody refreshes it
-        report.removed.append(relpath)
-        report.bytes_freed += size
-        if not dry_run:
+        size = _remove_temp(root, full, cutoff, dry_run=dry_run, report=report)
+        if size is not None:
+            report.removed.append(relpath)
+            report.bytes_freed += size
             touched.add(os.path.dirname(full))
+    if dry_run:
+        for relpath in doomed:
+            size = _old_size(os.path.join(root, relpath), cutoff)
+            if size is not None:
+                report.removed.append(relpath)
+                report.bytes_freed += size
+        return report
+    for start in range(0, len(doomed), BATCH):
+        touched -= _collect_batch(root, doomed[start : start + BATCH], cutoff, slots, report)
     for directory in sorted(touched):
         fsio.fsync_dir(directory)
     return report

@@ -4,15 +4,31 @@ Slot `tasks/<task>/chain/<seq>` is a hard link to the snapshot object of sequenc
 Creating it with link() is the compare-and-swap: a successor of the snapshot at `seq - 1`
 exists exactly when slot `seq` exists, and link() fails with EEXIST for every writer but
 one, on every host, whatever the locks do.
+
+A commit is acknowledged only once every object it names and no earlier slot names (its
+own snapshot object, a blob, a new plan) is known to exist *after* the link. That is the
+writer's half of the handshake with gc (gc.py): gc sets unnamed objects aside first and
+reads the slots again after, so an object gc removes was set aside before a slot it did not
+see was linked, and the writer of that slot, looking after its link, finds the name gone and
+stores the object again from the bytes it holds. Whichever way the two interleave, and
+however long either pauses, an acknowledged commit's objects exist.
 """
 
 from __future__ import annotations
 
+import errno
+import os
+from collections.abc import Iterable
+
 from castore import crashpoints, fsio
 from castore.digest import hash_bytes
-from castore.errors import CommitUncertainError, ConflictError, DurabilityError
+from castore.errors import CommitUncertainError, ConflictError, DurabilityError, ObjectMissingError
 from castore.layout import Layout, parse_slot_name
 from castore.objects import ObjectStore
+
+# gc may remove a snapshot object between its publish and the link only if the writer
+# paused longer than the grace period; each try publishes it anew.
+_LINK_TRIES = 3
 
 
 class TaskSlots:
@@ -57,26 +73,63 @@ class TaskSlots:
     def read(self, seq: int) -> bytes:
         return fsio.read_regular(self.path(seq))
 
-    def commit(self, data: bytes, seq: int, expected_parent: str) -> str:
+    def commit(
+        self, data: bytes, seq: int, expected_parent: str, relies_on: Iterable[str] = ()
+    ) -> str:
         """Publish snapshot bytes as an object, then claim slot `seq` for it: the commit point.
 
-        Returns the snapshot id. Raises ConflictError, having written no slot, if another
-        writer already committed sequence `seq`.
+        `relies_on`: the other objects the snapshot names that no earlier slot names (a
+        result blob, a plan at seq 0 or after an override); they must exist (else
+        ObjectMissingError, before the commit point), and are stored again if gc removes
+        them meanwhile. Returns the snapshot id. Raises ConflictError, having written no
+        slot, if another writer already committed sequence `seq`.
         """
-        object_id = self._objects.put_framed(data)
-        crashpoints.reach("commit.before_link")
-        if not fsio.link_new(self._objects.path(object_id), self.path(seq)):
-            actual = self._actual(seq)
-            # A retransmitted link() on NFS can report EEXIST for its own success.
-            if actual != object_id:
-                raise ConflictError(self.task_id, expected_parent, actual, seq)
+        held = {object_id: self._objects.hold(object_id) for object_id in relies_on}
+        object_id = self._link(data, seq, expected_parent)
         crashpoints.reach("commit.linked")
         try:
             fsio.fsync_dir(self.directory)
         except DurabilityError as exc:
             raise CommitUncertainError(self.path(seq), exc) from exc
+        self._recheck(object_id, seq, data, held)
         crashpoints.reach("commit.done")
         return object_id
+
+    def _link(self, data: bytes, seq: int, expected_parent: str) -> str:
+        for _ in range(_LINK_TRIES):
+            object_id = self._objects.put_framed(data, remember=False)
+            crashpoints.reach("commit.before_link")
+            source = self._objects.path(object_id)
+            try:
+                linked = fsio.link_new(source, self.path(seq))
+            except DurabilityError as exc:
+                if exc.errno != errno.ENOENT or os.path.lexists(source):
+                    raise
+                if not os.path.isdir(self.directory):
+                    raise
+                continue  # gc removed the object before the link (a long pause): store it anew
+            if not linked:
+                actual = self._actual(seq)
+                # A retransmitted link() on NFS can report EEXIST for its own success.
+                if actual != object_id:
+                    raise ConflictError(self.task_id, expected_parent, actual, seq)
+            return object_id
+        raise ObjectMissingError(hash_bytes(data), self._objects.path(hash_bytes(data)))
+
+    def _recheck(self, object_id: str, seq: int, data: bytes, held: dict[str, bytes]) -> None:
+        """After the link: every object this commit relies on still has its name (gc may have
+        set it aside before it could see the slot; see the module docstring)."""
+        if not self._objects.exists(object_id):
+            # The slot is the snapshot's inode: give it back its object name (not a copy).
+            fanout = os.path.dirname(self._objects.path(object_id))
+            try:
+                fsio.link_new(self.path(seq), self._objects.path(object_id))
+                fsio.fsync_dir(fanout)
+            except DurabilityError:
+                self._objects.put_framed(data, remember=False)
+        for other, other_data in held.items():
+            if not self._objects.exists(other):
+                self._objects.put_framed(other_data)
 
     def _actual(self, seq: int) -> str:
         try:

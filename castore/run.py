@@ -199,7 +199,9 @@ class Run:
                 "call:` so its key is persisted before the request"
             )
         inline, ref = (None, result.blob) if isinstance(result, BlobRef) else (result, None)
-        if ref is not None and self._objects.kind_of(validate_object_id(ref)) != "blob":
+        if ref is not None:
+            self._objects.restore(validate_object_id(ref))  # gc took it before this commit
+        if ref is not None and self._objects.kind_of(ref) != "blob":
             raise UsageError(f"blob {ref} is not in this store; store it with store.put_blob()")
         transition = Transition(TransitionKind.STEP, step=step_id, result=inline, result_ref=ref)
         snapshot_id = self.advance(transition, self.head.effects, move_frontier=True)
@@ -254,8 +256,10 @@ class Run:
             writer=self._writer,
         )
         data = encode_snapshot(snapshot, self._settings)
+        # What no earlier slot names: gc could remove it before it sees this commit (refs.py).
+        relies_on = [oid for oid in (transition.result_ref, plan_id) if oid is not None]
         try:
-            snapshot_id = self._slots.commit(data, snapshot.seq, self.head_id)
+            snapshot_id = self._slots.commit(data, snapshot.seq, self.head_id, relies_on)
         except (ConflictError, CommitUncertainError) as exc:
             self._stale = exc  # the run no longer knows HEAD: it must stop and resume
             raise

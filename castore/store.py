@@ -8,7 +8,7 @@ import os
 from collections.abc import Collection, Iterator
 from typing import Any
 
-from castore import codec, fsio, gate, resolution, status
+from castore import codec, fsio, gate, resolution, status, storeinit
 from castore.errors import (
     ConflictError,
     FormatVersionError,
@@ -43,7 +43,7 @@ from castore.status import TaskStatus
 from castore.tasklock import TaskLock
 from castore.verify import VerifiedChain, decode_snapshot, verify_chain
 
-MARKER = {"format": "castore", "version": codec.FORMAT_VERSION}
+MARKER = storeinit.MARKER
 DEFAULT_LOCK_TIMEOUT = 10.0
 
 
@@ -65,41 +65,55 @@ class Store:
         self._clock = clock
         self._check_marker()
 
+    @classmethod
+    def unmarked(cls, root: str | os.PathLike[str]) -> Store:
+        """The store at `root` without its marker checked: for fsck to look at a store whose
+        marker is missing or empty (never to write to)."""
+        store = cls.__new__(cls)
+        store.layout = Layout(root)
+        store.root = store.layout.root
+        store.objects = ObjectStore(store.layout)
+        store._budget = DEFAULT_SNAPSHOT_BUDGET
+        store._clock = wall_clock_ms
+        for directory in (store.layout.objects, store.layout.tasks):
+            fsio.require_real_directory(directory)
+        return store
+
     # -- creating and opening --------------------------------------------------------------
     @classmethod
     def init(cls, root: str | os.PathLike[str], **options: Any) -> Store:
-        """Create a new, empty store at `root` (which must not exist, or be an empty dir)."""
+        """Create a new, empty store at `root`: a path that does not exist, an empty
+        directory, or what an interrupted init left there (which init completes)."""
         layout = Layout(root)
-        if os.path.lexists(layout.root) and (
-            not os.path.isdir(layout.root) or os.path.islink(layout.root) or os.listdir(layout.root)
-        ):
+        if os.path.islink(layout.root):
             raise StoreExistsError(layout.root)
-        fsio.make_dirs_durable(layout.root)
-        fsio.make_dir_durable(layout.objects)
-        for fanout in range(256):
-            # Made up front so no commit pays for a mkdir (put() still recreates one if needed).
-            os.mkdir(os.path.join(layout.objects, f"{fanout:02x}"))
-        fsio.fsync_dir(layout.objects)
-        fsio.make_dir_durable(layout.tasks)
-        # The marker is written last: a store without it is an interrupted init.
-        fsio.publish_file(layout.root, os.path.basename(layout.marker), _marker_bytes())
+        found = storeinit.leftovers_only(layout.root)
+        if found is not None:
+            raise StoreExistsError(layout.root, found)
+        storeinit.build(layout)
         return cls(layout.root, **options)
 
     @classmethod
     def open(cls, root: str | os.PathLike[str], *, create: bool = False, **options: Any) -> Store:
-        """Open the store at `root`; with `create=True`, initialise it first if absent."""
-        if create and not os.path.lexists(Layout(root).marker):
-            try:
-                return cls.init(root, **options)
-            except StoreExistsError:
-                pass  # another process created it meanwhile, or the directory has content
+        """Open the store at `root`; with `create=True`, create it first if absent (or
+        complete what an interrupted init left). Any number of processes may do this at once."""
+        layout = Layout(root)
+        # Anything else in the directory, and it is not ours to adopt: the open below says
+        # what it is. (A store another process completed meanwhile has its marker.)
+        if (
+            create
+            and not os.path.lexists(layout.marker)
+            and not os.path.islink(layout.root)
+            and storeinit.leftovers_only(layout.root) is None
+        ):
+            storeinit.build(layout)
         return cls(root, **options)
 
     def _check_marker(self) -> None:
         try:
             data = fsio.read_regular(self.layout.marker)
         except FileNotFoundError:
-            raise StoreNotFoundError(self.root) from None
+            raise self._no_marker("") from None
         except StoreIOError as exc:
             if exc.errno != errno.ENOTDIR:
                 raise
@@ -108,9 +122,18 @@ class Store:
             ) from None
         except UnsafeFileError as exc:
             raise StoreNotFoundError(self.root, f"{self.layout.marker} is a {exc.found}") from None
+        except OSError as exc:
+            raise StoreIOError(self.layout.marker, "reading the store marker", exc) from exc
         # A symlinked directory inside the store would let commits write outside it.
         for directory in (self.layout.objects, self.layout.tasks):
-            fsio.require_real_directory(directory)
+            try:
+                fsio.require_real_directory(directory)
+            except UnsafeFileError:
+                raise
+            except OSError as exc:
+                raise StoreIOError(directory, "looking at", exc) from exc
+        if not data:
+            raise self._no_marker(f"{self.layout.marker} is empty")
         try:
             marker = codec.decode_value(data)
         except ValueError:
@@ -121,6 +144,44 @@ class Store:
             raise FormatVersionError(
                 self.layout.marker, marker.get("version"), codec.SUPPORTED_VERSIONS
             )
+
+    def _no_marker(self, empty: str) -> StoreNotFoundError:
+        """What a directory without a (usable) marker is, and what to do about it."""
+        root = self.root
+        if not os.path.isdir(root) or not storeinit.listdir(root):
+            return StoreNotFoundError(root)  # nothing there yet: init makes a store of it
+        found = storeinit.leftovers_only(root, but_marker=bool(empty))
+        if empty and found is None:
+            # Only the empty marker beside init's directories: not written by castore.
+            return StoreNotFoundError(
+                root,
+                f"{empty}, and nothing else is there but empty directories",
+                f"remove {self.layout.marker}, then `castore init {root}` completes the store",
+            )
+        if found is None:
+            return StoreNotFoundError(
+                root,
+                "an interrupted `castore init`: no castore.json yet, only the empty "
+                "directories init makes",
+                f"`castore init {root}` (or Store.open(..., create=True)) completes it",
+            )
+        objects, tasks = storeinit.content_counts(root)
+        if objects or tasks:
+            what = empty or f"{self.layout.marker} is missing"
+            return StoreNotFoundError(
+                root,
+                f"{what}, but objects/ holds {objects} file(s) and tasks/ {tasks} task(s): "
+                "the marker was deleted or damaged",
+                "if this is a castore store, restore castore.json from a backup (its 33 bytes "
+                'are {"format":"castore","version":1} and a newline, docs/FORMAT.md §3), then '
+                f"run `castore fsck {root}`; `castore fsck` shows what is there meanwhile",
+            )
+        return StoreNotFoundError(
+            root,
+            empty or f"the directory is not empty: {found}",
+            "castore init needs a new or empty directory; choose another path, or point "
+            "--store / $CASTORE_STORE at an existing store",
+        )
 
     # -- tasks -------------------------------------------------------------------------------
     def start(
@@ -144,7 +205,7 @@ class Store:
         fsio.make_dir_durable(slots.directory)
         with self._locked(task_id, lock_timeout) as lock:
             try:
-                head_id = slots.commit(data, 0, "<none: new task>")
+                head_id = slots.commit(data, 0, "<none: new task>", (plan_id,))
             except ConflictError:
                 raise TaskExistsError(task_id) from None
         chain = VerifiedChain(task_id, head, head_id, plan, plan_id, plan_id, {}, (head_id,))
@@ -310,7 +371,3 @@ class Store:
             if lock is not None:
                 lock.release()
             raise
-
-
-def _marker_bytes() -> bytes:
-    return codec.encode_value(MARKER) + b"\n"

@@ -228,16 +228,21 @@ def test_blob_refreshed_while_gc_decides_survives(
     ref = store.put_blob({"value": 7})
     age(obj(store, ref.blob), 30)
     run = store.start("t/1", PLAN)
-    real_rename = os.rename
+    real_link = os.link
+    real_remove = castore.fsio.remove_if_present
 
-    def writer_around_the_rename(source: str, target: str) -> None:
+    def writer_before_the_set_aside(source: str, target: str, **kwargs: Any) -> None:
         if source == str(obj(store, ref.blob)) and moment == "before-set-aside":
             run.commit_step("a", store.put_blob({"value": 7}))  # refresh, then commit
-        real_rename(source, target)
-        if source == str(obj(store, ref.blob)) and moment == "after-set-aside":
+        real_link(source, target, **kwargs)
+
+    def writer_after_the_set_aside(path: str) -> None:
+        real_remove(path)
+        if path == str(obj(store, ref.blob)) and moment == "after-set-aside":
             run.commit_step("a", store.put_blob({"value": 7}))  # publishes it anew
 
-    monkeypatch.setattr(castore.gc.os, "rename", writer_around_the_rename)
+    monkeypatch.setattr(castore.gc.os, "link", writer_before_the_set_aside)
+    monkeypatch.setattr(castore.gc.fsio, "remove_if_present", writer_after_the_set_aside)
     try:
         collect(store.root, grace_s=14 * DAY)
     finally:

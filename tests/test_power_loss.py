@@ -374,8 +374,10 @@ class Recorder:
             original_commit = TaskSlots.commit
             ops = self.ops
 
-            def commit(slots: TaskSlots, data: bytes, seq: int, expected_parent: str) -> str:
-                oid = original_commit(slots, data, seq, expected_parent)
+            def commit(
+                slots: TaskSlots, data: bytes, seq: int, expected_parent: str, *rest: Any
+            ) -> str:
+                oid = original_commit(slots, data, seq, expected_parent, *rest)
                 ops.append(Op("ack", task=slots.task_id, seq=seq, oid=oid))
                 return oid
 

@@ -18,13 +18,19 @@ from collections.abc import Callable, Iterable, Iterator
 import attrs
 
 from castore import fsio
-from castore.errors import UsageError
+from castore.errors import StoreNotFoundError, UsageError
 from castore.fsck.coverage import Coverage
 from castore.fsck.findings import CODES, Finding, Severity
 from castore.fsck.objects import ObjectReport
-from castore.fsck.tree import Inventory, missing_directories, walk_objects, walk_top
+from castore.fsck.tree import (
+    Inventory,
+    marker_finding,
+    missing_directories,
+    walk_objects,
+    walk_top,
+)
 from castore.fsck.workers import TaskContext, Workers
-from castore.layout import TASKS_DIR, decode_task_id, encode_task_id, object_relpath
+from castore.layout import TASKS_DIR, Layout, decode_task_id, encode_task_id, object_relpath
 from castore.store import Store
 
 __all__ = ["CODES", "Finding", "Severity", "Summary", "check_store"]
@@ -82,9 +88,21 @@ def check_store(
     total.
     """
     started = time.monotonic()
-    store = Store.open(path)  # refuses a non-store before anything else is read
-    root = store.root
     tally = summary if summary is not None else Summary()
+    try:
+        store = Store.open(path)  # refuses a non-store before anything else is read
+    except StoreNotFoundError:
+        # A missing or empty marker: say what the directory is (an interrupted init, or a
+        # store that lost its marker, which is checked all the same) instead of refusing.
+        found = marker_finding(Layout(path).root) if task is None else None
+        if found is None:
+            raise
+        tally.add(found[0])
+        yield found[0]
+        if not found[1]:
+            return
+        store = Store.unmarked(path)
+    root = store.root
     for finding in _check(
         store,
         root,

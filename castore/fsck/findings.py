@@ -88,6 +88,14 @@ CODES: dict[str, tuple[Severity, str]] = {
         Severity.ERROR,
         "objects/ or tasks/ is missing: the store is damaged; restore it from a backup",
     ),
+    "interrupted-init": (
+        Severity.WARNING,
+        "an interrupted `castore init`: no castore.json yet; `castore init` completes it",
+    ),
+    "missing-marker": (
+        Severity.ERROR,
+        "castore.json is missing or empty but the store has content; restore it from a backup",
+    ),
     "slot-gap": (
         Severity.ERROR,
         "chain slots are not contiguous; resume refuses this task; restore the slot",

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import attrs
 
+from castore import storeinit
 from castore.fsck.findings import Finding
 from castore.fsio import file_kind
 from castore.layout import (
@@ -125,3 +126,40 @@ def _walk_fanout(root: str, fanout: os.DirEntry[str], relfan: str, inventory: In
             what = "a file" if stat.S_ISREG(mode) else f"a {file_kind(mode)}"
             findings.append(Finding("stray-file", relpath, f"{what} not named by an object id"))
     inventory.findings.extend(sorted(findings, key=lambda finding: finding.path))
+
+
+def marker_finding(root: str) -> tuple[Finding, bool] | None:
+    """For a directory whose castore.json is missing or empty: the finding, and whether the
+    rest of the store is worth checking. None if it is no castore store at all (no objects/
+    and no tasks/ of its own, or a marker that is something else): fsck refuses to run."""
+    marker = os.path.join(root, MARKER_NAME)
+    try:
+        info = os.lstat(marker)
+    except FileNotFoundError:
+        info = None
+    except OSError:
+        return None
+    if info is not None and not (stat.S_ISREG(info.st_mode) and info.st_size == 0):
+        return None  # a marker that is not castore's, or a symlink: the open's error says it
+    if info is None and not storeinit.listdir(root):
+        return None  # an empty directory: no store, and nothing castore made
+    if info is None and storeinit.leftovers_only(root) is None:
+        message = (
+            "no castore.json, only the empty directories init makes: an interrupted "
+            f"`castore init`; run `castore init {root}` to complete it"
+        )
+        return Finding("interrupted-init", MARKER_NAME, message), False
+    shaped = [
+        name
+        for name in (OBJECTS_DIR, TASKS_DIR)
+        if os.path.isdir(os.path.join(root, name)) and not os.path.islink(os.path.join(root, name))
+    ]
+    if not shaped:
+        return None
+    objects, tasks = storeinit.content_counts(root)
+    what = "empty" if info is not None else "missing"
+    message = (
+        f"castore.json is {what}, and objects/ holds {objects} file(s), tasks/ {tasks} "
+        "task(s); restore castore.json from a backup (33 bytes, docs/FORMAT.md §3)"
+    )
+    return Finding("missing-marker", MARKER_NAME, message), True
