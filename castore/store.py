@@ -117,8 +117,11 @@ class Store:
         except StoreIOError as exc:
             if exc.errno != errno.ENOTDIR:
                 raise
+            what = "it is a file, not a directory" if os.path.isfile(self.root) else None
             raise StoreNotFoundError(
-                self.root, "it is not a directory", "give the path of a store directory"
+                self.root,
+                what or "a component of it is not a directory",
+                "give the path of a store directory",
             ) from None
         except UnsafeFileError as exc:
             raise StoreNotFoundError(self.root, f"{self.layout.marker} is a {exc.found}") from None

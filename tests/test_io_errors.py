@@ -73,7 +73,7 @@ def test_a_store_path_that_is_a_file_is_not_a_store(
     code, out, err = cli(capsys, "--store", str(path), *verb)
     assert (2, "") == (code, out)
     assert_one_error_line(err)
-    assert "is not a directory" in err
+    assert "it is a file, not a directory" in err
     assert b"not a store\n" == path.read_bytes()
 
 
@@ -90,7 +90,7 @@ def test_library_open_of_a_file_is_store_not_found(tmp_path: Path) -> None:
     """Store.open of a regular file raises StoreNotFoundError, not NotADirectoryError."""
     path = tmp_path / "afile"
     path.write_bytes(b"x")
-    with pytest.raises(castore.StoreNotFoundError, match="is not a directory"):
+    with pytest.raises(castore.StoreNotFoundError, match="it is a file, not a directory"):
         castore.Store.open(path)
 
 

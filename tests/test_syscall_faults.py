@@ -157,7 +157,7 @@ def _cases() -> Iterator[Case]:
     for syscall, err in [
         ("openat", "EACCES"),
         ("getdents64", "EIO"),
-        ("rename", "EIO"),
+        ("linkat", "EIO"),  # gc sets objects aside by link, fsync, unlink
         ("unlink", "EIO"),
         ("fsync", "EIO"),
     ]:
@@ -449,11 +449,11 @@ def test_resume_in_an_unwritable_store_raises_store_io_error(
     assert f"StoreIOError {errno.EACCES} {lock} True\n" == result.stdout
 
 
-@pytest.mark.parametrize("syscall", ["rename", "fsync", "mkdir"])
+@pytest.mark.parametrize("syscall", ["linkat", "fsync", "mkdirat"])
 def test_quarantine_that_cannot_move_exits_7_and_keeps_the_object(
     template: Path, tmp_path: Path, syscall: str
 ) -> None:
-    """`fsck --quarantine` whose rename, fsync or mkdir fails (EIO): exit 7 with one line
+    """`fsck --quarantine` whose link, fsync or mkdir fails (EIO): exit 7 with one line
     naming the path, never a traceback; the damaged object is still where fsck found it or
     in quarantine/, never gone."""
     root = fresh_store(template, tmp_path)
@@ -464,8 +464,8 @@ def test_quarantine_that_cannot_move_exits_7_and_keeps_the_object(
     damaged.chmod(0o444)
     command = [strace_or_skip(), "-f", "-qq", "-o", os.devnull, "-e"]
     command.append(f"inject={syscall}:error=EIO")
-    if syscall == "rename":
-        command += ["-P", str(damaged)]
+    if syscall == "linkat":  # quarantine moves by link, fsync, unlink, relative to dir fds
+        command += ["-P", str(damaged.parent)]
     else:  # the calls quarantine makes after the check: the first one under quarantine/
         command += ["-P", str(root / "quarantine")]
     result = subprocess.run(
