@@ -185,7 +185,13 @@ class Reaper:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.stop()
+        if not self.stop():
+            left = [pid for pid, born in self.pids.items() if _running(pid, born)]
+            stuck = [str(m) for m in self.mounts if is_mounted(m)]
+            raise RuntimeError(
+                f"{self.engine} teardown left processes {left} and mounts {stuck} behind "
+                f"(recorded in {self.record}: the next run stops them)"
+            )
 
     def popen(self, argv: list[str], log: Path, env: dict[str, str] | None = None) -> int:
         """Start a foreground daemon with its output in `log`; its PID, already recorded."""
