@@ -42,8 +42,9 @@ from twomounts import TwoMounts
 
 import castore
 import castore.gc
-from castore import fsio
+from castore import doctor, fsio
 from castore.cli import main
+from castore.doctor import races, run_doctor
 from castore.gc import collect
 from castore.lab.campaign import Settings, campaign
 from castore.lab.service import read_ledger
@@ -427,3 +428,55 @@ def _put_while_gc_sets_aside(
         collect(gc_side.root, grace_s=3600)
     assert put_once, "gc did not set the object aside"
     return object_id
+
+
+@pytest.mark.xfail(reason=DOCTOR_STALE_READ, strict=True)
+def test_doctor_rereads_a_race_winner_that_reads_empty_at_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The exclusive-create and link() races judged through a client whose first read of the
+    winner's file is empty (what Gluster's default caches do to a file the other client just
+    wrote) are not failures: doctor reads again for a bounded while before judging."""
+    real_read, first_reads = races.read_bytes, set()
+
+    def empty_at_first(path: str) -> bytes:
+        if path not in first_reads:
+            first_reads.add(path)
+            return b""
+        return real_read(path)
+
+    monkeypatch.setattr(races, "read_bytes", empty_at_first)
+    monkeypatch.setattr(doctor, "RACE_ROUNDS", 5)
+    report = run_doctor(tmp_path)
+    verdicts = [report.check(name).verdict for name in ("exclusive-create-race", "link-race")]
+    assert (["ok", "ok"], True) == (verdicts, report.safe)
+    assert len(first_reads) >= 10  # every winner's file was read, and first read empty
+
+
+@pytest.mark.parametrize(
+    "two_mounts",
+    [
+        pytest.param(
+            "gluster-default",
+            marks=[
+                pytest.mark.glusterfs,
+                # not strict: on main about 1 run in 3 says unsafe, so 10 agree now and then
+                pytest.mark.xfail(reason=DOCTOR_STALE_READ, strict=False),
+            ],
+        )
+    ],
+    indirect=True,
+)
+def test_doctor_gives_the_same_verdict_ten_runs_in_a_row_on_default_gluster_caches(
+    two_mounts: TwoMounts,
+) -> None:
+    """`doctor --peer` on the two default-cache Gluster clients, ten times: the same verdict
+    every time, and no required check failed by a stale read (issue 17: it said unsafe 3/10)."""
+    verdicts = []
+    for n in range(10):
+        _, mount_a, mount_b = two_mounts.new_dir(f"doctor-{n}")
+        report = run_doctor(mount_a, mount_b)
+        failed = sorted(c.name for c in report.checks if c.required and c.verdict == "fail")
+        verdicts.append((report.safe, failed))
+    print(f"\n{two_mounts.engine}: doctor verdicts {verdicts}")
+    assert [(True, [])] * 10 == verdicts
