@@ -15,15 +15,22 @@ have_all() {
     command -v fusermount3 >/dev/null 2>&1 || command -v fusermount >/dev/null 2>&1
 }
 
-if have_all; then
-    echo "install-distfs: GlusterFS and Ceph already installed"
-    exit 0
-fi
-
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then
     command -v sudo >/dev/null 2>&1 || { echo "install-distfs: need root or sudo" >&2; exit 1; }
     SUDO="sudo"
+fi
+
+# glusterd refuses 127.0.0.1 and localhost as a brick's host, but takes another name for
+# 127.0.0.1; a container's own host name resolves to its external address instead.
+if ! getent hosts castore-gluster 2>/dev/null | grep -q '^127\.0\.0\.1[[:space:]]'; then
+    echo "127.0.0.1 castore-gluster" | $SUDO tee -a /etc/hosts >/dev/null ||
+        echo "install-distfs: warning: cannot add castore-gluster to /etc/hosts" >&2
+fi
+
+if have_all; then
+    echo "install-distfs: GlusterFS and Ceph already installed"
+    exit 0
 fi
 
 $SUDO apt-get update

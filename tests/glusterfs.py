@@ -55,20 +55,22 @@ def missing_prerequisites() -> str | None:
     return fuse_missing()
 
 
+BRICK_HOST = "castore-gluster"  # .ci/install-distfs.sh maps it to 127.0.0.1 in /etc/hosts
+
+
 def brick_host() -> str:
     """The name bricks are given: glusterd refuses 127.0.0.1 and localhost for a brick, but
-    takes the machine's host name when that resolves to 127.0.0.1 (as on these machines)."""
-    name = socket.gethostname()
-    try:
-        address = socket.gethostbyname(name)
-    except OSError as exc:
-        raise RuntimeError(f"the host name {name!r} does not resolve: {exc}") from exc
-    if address != "127.0.0.1":
-        raise RuntimeError(
-            f"the host name {name!r} resolves to {address}, not 127.0.0.1: bricks would listen "
-            f"on another address; add '127.0.0.1 {name}' to /etc/hosts"
-        )
-    return name
+    takes another name that resolves to 127.0.0.1: BRICK_HOST, or the machine's host name
+    (which a container's /etc/hosts maps to its external address instead)."""
+    for name in (BRICK_HOST, socket.gethostname()):
+        with contextlib.suppress(OSError):
+            if socket.gethostbyname(name) == "127.0.0.1":
+                return name
+    raise RuntimeError(
+        f"neither {BRICK_HOST!r} nor the host name {socket.gethostname()!r} resolves to "
+        f"127.0.0.1, and Gluster's bricks need such a name; add '127.0.0.1 {BRICK_HOST}' to "
+        "/etc/hosts (.ci/install-distfs.sh does)"
+    )
 
 
 class _Gluster:
