@@ -1,4 +1,6 @@
-"""Shared fixtures: `sshfs_pair`, two sshfs clients of one export (see tests/sshfs.py).
+"""Shared fixtures: `sshfs_pair`, two sshfs clients of one export (see tests/sshfs.py), and
+`two_mounts`, two clients of one directory on each engine in turn: sshfs, GlusterFS with its
+caches off and with its defaults, CephFS (tests/twomounts.py, glusterfs.py, cephfs.py).
 
 Also: the Hypothesis profiles ("ci": derandomised and quick, the default; "deep": 2,000
 examples, for local runs: HYPOTHESIS_PROFILE=deep), a fresh `store` per test, and
@@ -7,14 +9,18 @@ examples, for local runs: HYPOTHESIS_PROFILE=deep), a fresh `store` per test, an
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from cephfs import mount_ceph_pair
+from glusterfs import mount_gluster_pair
 from helpers import Entry, tree_snapshot
 from hypothesis import settings
 from sshfs import SshfsPair, SshfsUnavailable, mount_sshfs_pair
+from twomounts import EngineUnavailable, TwoMounts
 
 import castore
 
@@ -41,6 +47,45 @@ def sshfs_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshfsPair]:
         pytest.fail(f"sshfs tests must run in CI (CI is set), but: {reason}", pytrace=False)
     if reason:
         pytest.skip(f"sshfs unavailable: {reason}")
+
+
+ENGINES: dict[str, Callable[[Path], contextlib.AbstractContextManager[TwoMounts]]] = {
+    "gluster-nocache": lambda workdir: mount_gluster_pair(workdir, caches=False),
+    "gluster-default": lambda workdir: mount_gluster_pair(workdir, caches=True),
+    "cephfs": mount_ceph_pair,
+}
+
+
+@pytest.fixture(
+    scope="session",
+    params=[
+        pytest.param("sshfs", marks=pytest.mark.sshfs),
+        pytest.param("gluster-nocache", marks=pytest.mark.glusterfs),
+        pytest.param("gluster-default", marks=pytest.mark.glusterfs),
+        pytest.param("cephfs", marks=pytest.mark.cephfs),
+    ],
+)
+def two_mounts(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[TwoMounts]:
+    """Two clients of one directory, on each engine in turn (one engine up at a time: pytest
+    groups the tests by engine and stops one before it starts the next). Skips when the
+    engine's packages or FUSE are missing, except under CI, where that fails; an engine that
+    is installed but does not come up is an error everywhere."""
+    engine: str = request.param
+    if engine == "sshfs":
+        yield request.getfixturevalue("sshfs_pair")
+        return
+    reason = ""
+    try:
+        with ENGINES[engine](tmp_path_factory.mktemp(engine)) as pair:
+            yield pair
+    except EngineUnavailable as exc:  # raised while mounting, never by a test
+        reason = str(exc)
+    if reason and _in_ci():
+        pytest.fail(f"{engine} tests must run in CI (CI is set), but: {reason}", pytrace=False)
+    if reason:
+        pytest.skip(f"{engine} unavailable: {reason}")
 
 
 settings.register_profile("ci", derandomize=True, max_examples=50, deadline=None)

@@ -1,8 +1,9 @@
 """Two sshfs clients of one export, served by a throwaway sshd on 127.0.0.1, for tests.
 
-`mount_sshfs_pair(workdir)` is a context manager yielding an `SshfsPair`: `.export` is the real
-directory, `.mount_a` and `.mount_b` are two independent sshfs mounts of it (two clients,
-each with its own ssh connection and its own FUSE superblock). Everything it starts it stops
+`mount_sshfs_pair(workdir)` is a context manager yielding an `SshfsPair` (a twomounts.TwoMounts):
+`.origin` is the real directory (the export), `.mount_a` and `.mount_b` are two independent
+sshfs mounts of it (two clients, each with its own ssh connection and its own FUSE superblock),
+whose flocks do not see each other. Everything it starts it stops
 again on exit, also when the body raised. It raises `SshfsUnavailable` when the host lacks
 FUSE, sshfs or sshd (the conftest fixture turns that into a skip, or a failure under CI).
 """
@@ -10,15 +11,15 @@ FUSE, sshfs or sshd (the conftest fixture turns that into a skip, or a failure u
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
-import secrets
 import shutil
 import socket
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from twomounts import EngineUnavailable, TwoMounts
 
 SSHD = "/usr/sbin/sshd"
 START_TIMEOUT = 15.0
@@ -39,21 +40,12 @@ START_TIMEOUT = 15.0
 CACHE_OPTIONS = ("dir_cache=no", "entry_timeout=0", "negative_timeout=0", "attr_timeout=0")
 
 
-class SshfsUnavailable(Exception):
+COMMIT_MS = 4.0  # a commit through one sshfs client, measured (README table)
+SshfsPair = TwoMounts
+
+
+class SshfsUnavailable(EngineUnavailable):
     """This host cannot run sshfs mounts (no FUSE, no sshfs or no sshd)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class SshfsPair:
-    export: Path
-    mount_a: Path
-    mount_b: Path
-
-    def new_dir(self, prefix: str) -> tuple[Path, Path, Path]:
-        """A fresh subdirectory: (through export, through mount_a, through mount_b)."""
-        name = f"{prefix}-{secrets.token_hex(4)}"
-        (self.export / name).mkdir()
-        return self.export / name, self.mount_a / name, self.mount_b / name
 
 
 def missing_prerequisites() -> str | None:
@@ -258,7 +250,7 @@ def mount_sshfs_pair(workdir: Path) -> Iterator[SshfsPair]:
         for mountpoint in (mount_a, mount_b):
             log = tmp / f"sshfs-{mountpoint.name}.log"
             clients[mountpoint] = _mount(tmp, port, export, mountpoint, log)
-        yield SshfsPair(export, mount_a, mount_b)
+        yield TwoMounts("sshfs", export, mount_a, mount_b, False, COMMIT_MS)
     finally:
         freed = [_unmount(mp, clients.get(mp)) for mp in (mount_a, mount_b)]
         if sshd is not None:

@@ -1,0 +1,235 @@
+"""What the shared-filesystem engines do that castore must survive (issue 17, item 3), on each
+engine of conftest's `two_mounts`: GlusterFS with its default caches serves a file written in
+place as empty and a renamed-over file stale (or ESTALE) for about a second; CephFS may block a
+first read for seconds. Each test measures the behaviour (printed: run with -s) and pins it down,
+so that a change of the engine, or of castore's answer to it, shows.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from pathlib import Path
+
+import pytest
+from test_concurrency import TASK, plan_of
+from test_gc import age, obj
+from twomounts import TwoMounts
+
+import castore
+import castore.gc
+from castore import doctor, fsio
+from castore.cli import main
+from castore.doctor import races, run_doctor
+from castore.gc import collect
+
+# castore.doctor.races._judge_round judges the winner's file by one read through `path`;
+# Gluster's default caches let that read return b'' for up to 1 s after the peer wrote it.
+DOCTOR_STALE_READ = (
+    "doctor's exclusive-create race reads the winner's file once and calls b'' (a stale read "
+    "under Gluster's default caches) a failure: _judge_round must re-read for a bounded while"
+)
+# castore.objects.ObjectStore._refresh trusts read()+utime() by name; on a client whose dentry
+# cache still maps the name to the inode gc just renamed aside, both succeed and nothing is
+# published, so the object is gone once gc unlinks its aside copy.
+REFRESH_STALE_NAME = (
+    "ObjectStore._refresh trusts a name its client's dentry cache may still hold after gc on "
+    "another client renamed it aside: it must confirm the name by listing the fan-out "
+    "directory (readdir reaches the server) and publish again when it is gone"
+)
+STALE_BOUND_S = 2.0  # Gluster's default md-cache / FUSE timeouts are 1 s; CephFS blocks instead
+
+
+def _read_until(path: Path, want: bytes, deadline_s: float) -> tuple[list[bytes | str], float]:
+    """Read `path` until it holds `want`: every other answer seen (bytes or errno name) and
+    how long it took."""
+    seen: list[bytes | str] = []
+    started = time.monotonic()
+    while time.monotonic() - started < deadline_s:
+        try:
+            got: bytes | str = path.read_bytes()
+        except OSError as exc:
+            got = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+        if got == want:
+            return seen, time.monotonic() - started
+        seen.append(got)
+        time.sleep(0.005)  # a poll interval while the other client's cache expires
+    raise AssertionError(f"{path} never held {want!r} within {deadline_s}s; it read {seen[-3:]}")
+
+
+def test_a_file_written_in_place_reads_empty_on_the_other_client_only_with_gluster_caches(
+    two_mounts: TwoMounts,
+) -> None:
+    """Client A creates a name with O_EXCL, client B's O_EXCL on it fails (B looked it up
+    while it was empty), A writes and fsyncs: B's next read is empty on Gluster with its
+    default caches, for at most STALE_BOUND_S and never torn; immediately whole elsewhere.
+    castore never reads a name written in place: objects and slots are link()ed from a
+    complete temp file, so the name is new to the reader (see the next test)."""
+    _, mount_a, mount_b = two_mounts.new_dir("in-place")
+    rounds, stale, delays = 8, 0, [0.0]  # a stale round costs 1 s on Gluster
+    for n in range(rounds):
+        content = f"content {n} ".encode() * 8
+        fd = os.open(mount_a / f"f{n}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with pytest.raises(FileExistsError):
+            os.open(mount_b / f"f{n}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.write(fd, content)
+        os.fsync(fd)
+        os.close(fd)
+        seen, delay = _read_until(mount_b / f"f{n}", content, STALE_BOUND_S)
+        assert set(seen) <= {b""}, f"round {n}: read {seen[:3]} before the content"
+        stale, delays = stale + bool(seen), [*delays, delay]
+    print(f"\n{two_mounts.engine}: {stale}/{rounds} empty first reads, max {max(delays):.3f}s")
+    assert (two_mounts.engine == "gluster-default") == (stale > 0)
+
+
+def test_a_reader_on_one_client_right_after_each_commit_on_the_other_never_sees_damage(
+    two_mounts: TwoMounts,
+) -> None:
+    """After each commit through mount A (a blob and a snapshot), verify and get_blob through
+    mount B at once: B sees the old HEAD or the new one, never an error, never an empty or
+    corrupt object (castore holds on every engine, default Gluster caches included)."""
+    commits = two_mounts.rounds(40, floor=10)
+    origin, mount_a, mount_b = two_mounts.new_dir("fresh")
+    castore.Store.init(origin / "store")
+    writer, reader = castore.Store.open(mount_a / "store"), castore.Store.open(mount_b / "store")
+    seen: list[int] = []
+    with writer.start(TASK, plan_of(commits)) as run:
+        for n in range(commits):
+            run.commit_step(f"s{n}", writer.put_blob({"n": n}))
+            chain = reader.verify(TASK)
+            seen.append(chain.length)
+            for step, outcome in chain.outcomes.items():
+                assert outcome.result_ref is not None
+                assert {"n": int(step[1:])} == reader.get_blob(outcome.result_ref)
+    assert all(n + 1 <= length <= n + 2 for n, length in enumerate(seen)), seen
+    print(f"\n{two_mounts.engine}: B lagged {sum(s < n + 2 for n, s in enumerate(seen))}/{commits}")
+    assert not Path(reader.layout.quarantine).exists()
+    assert 0 == main(["fsck", str(mount_b / "store")])
+
+
+def test_a_file_renamed_over_on_one_client_is_stale_on_the_other_only_with_gluster_caches(
+    two_mounts: TwoMounts,
+) -> None:
+    """Client B reads a file, client A replaces it with os.replace: B's next reads return the
+    old content (or ESTALE) on Gluster with its default caches, for at most STALE_BOUND_S;
+    elsewhere the new content at once (CephFS may block first, never serve the old). castore
+    renames over nothing it reads (gc and quarantine rename aside, to fresh names)."""
+    _, mount_a, mount_b = two_mounts.new_dir("rename")
+    (mount_a / "target").write_bytes(b"v0")
+    _read_until(mount_b / "target", b"v0", STALE_BOUND_S)
+    rounds, old, estale, delays = 4, 0, 0, [0.0]  # a stale round costs 1 s on Gluster
+    for n in range(1, rounds + 1):
+        (mount_b / "target").read_bytes()  # B holds the name and the old content
+        (mount_a / "tmp").write_bytes(f"v{n}".encode())
+        os.replace(mount_a / "tmp", mount_a / "target")
+        seen, delay = _read_until(mount_b / "target", f"v{n}".encode(), STALE_BOUND_S * 4)
+        assert set(seen) <= {f"v{n - 1}".encode(), "ESTALE"}, f"round {n}: read {seen[:3]}"
+        old, estale, delays = old + bool(seen), estale + seen.count("ESTALE"), [*delays, delay]
+    print(f"\n{two_mounts.engine}: {old}/{rounds} stale, {estale} ESTALE, max {max(delays):.3f}s")
+    assert (two_mounts.engine == "gluster-default") == (old > 0)
+    assert max(delays) < (STALE_BOUND_S * 4 if two_mounts.engine == "cephfs" else STALE_BOUND_S)
+
+
+def test_a_put_on_one_client_deduplicating_against_an_object_gc_sets_aside_on_the_other_is_kept(
+    two_mounts: TwoMounts, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
+    """gc through mount A sets an old unreachable object aside; at that moment a put of the
+    same bytes through mount B finds the name taken (EEXIST) and refreshes the object instead
+    of publishing it: afterwards the object must exist. On a local filesystem the refresh by
+    name fails (ENOENT) and the put publishes again; through a client whose dentry cache
+    still holds the name (Gluster's default entry-timeout, 1 s), it succeeds on the inode gc
+    is about to unlink, and the object is lost."""
+    if two_mounts.engine == "gluster-default":
+        request.applymarker(pytest.mark.xfail(reason=REFRESH_STALE_NAME, strict=True))
+    origin, mount_a, mount_b = two_mounts.new_dir("dedup")
+    castore.Store.init(origin / "store")
+    gc_side, put_side = castore.Store.open(mount_a / "store"), castore.Store.open(mount_b / "store")
+    lost = []
+    for n in range(3):
+        object_id = _put_while_gc_sets_aside(gc_side, put_side, {"dedup": n}, monkeypatch)
+        if not gc_side.objects.exists(object_id):
+            lost.append(n)
+    assert [] == lost, f"lost {len(lost)}/3"
+
+
+def _put_while_gc_sets_aside(
+    gc_side: castore.Store, put_side: castore.Store, value: object, monkeypatch: pytest.MonkeyPatch
+) -> str:
+    """Store `value` 30 days old through gc_side, then run gc there; between its rename of
+    the object aside and its unlink, put `value` through put_side (whose client looked the
+    name up just before the rename). The object's id."""
+    object_id = gc_side.put_blob(value).blob
+    age(obj(gc_side, object_id), 30)
+    fanout = os.path.dirname(gc_side.objects.path(object_id))
+    real_remove, real_set_aside = fsio.remove_if_present, castore.gc._remove_if_still_old
+    put_once: list[str] = []
+
+    def set_aside(path: str, cutoff: float, *, dry_run: bool) -> int | None:
+        put_side.objects.exists(object_id)  # the put side looks the name up: a fresh dentry
+        return real_set_aside(path, cutoff, dry_run=dry_run)
+
+    def remove(path: str) -> None:
+        if not put_once and os.path.dirname(path) == fanout:  # gc removes the aside copy
+            put_once.append(path)
+            put_side.put_blob(value)  # EEXIST on the name, then a refresh
+        real_remove(path)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(castore.gc, "_remove_if_still_old", set_aside)
+        patch.setattr(fsio, "remove_if_present", remove)
+        collect(gc_side.root, grace_s=3600)
+    assert put_once, "gc did not set the object aside"
+    return object_id
+
+
+@pytest.mark.xfail(reason=DOCTOR_STALE_READ, strict=True)
+def test_doctor_rereads_a_race_winner_that_reads_empty_at_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The exclusive-create and link() races judged through a client whose first read of the
+    winner's file is empty (what Gluster's default caches do to a file the other client just
+    wrote) are not failures: doctor reads again for a bounded while before judging."""
+    real_read, first_reads = races.read_bytes, set()
+
+    def empty_at_first(path: str) -> bytes:
+        if path not in first_reads:
+            first_reads.add(path)
+            return b""
+        return real_read(path)
+
+    monkeypatch.setattr(races, "read_bytes", empty_at_first)
+    monkeypatch.setattr(doctor, "RACE_ROUNDS", 5)
+    report = run_doctor(tmp_path)
+    verdicts = [report.check(name).verdict for name in ("exclusive-create-race", "link-race")]
+    assert (["ok", "ok"], True) == (verdicts, report.safe)
+    assert len(first_reads) >= 10  # every winner's file was read, and first read empty
+
+
+@pytest.mark.parametrize(
+    "two_mounts",
+    [
+        pytest.param(
+            "gluster-default",
+            marks=[
+                pytest.mark.glusterfs,
+                # not strict: on main about 1 run in 3 says unsafe, so 10 agree now and then
+                pytest.mark.xfail(reason=DOCTOR_STALE_READ, strict=False),
+            ],
+        )
+    ],
+    indirect=True,
+)
+def test_doctor_gives_the_same_verdict_ten_runs_in_a_row_on_default_gluster_caches(
+    two_mounts: TwoMounts,
+) -> None:
+    """`doctor --peer` on the two default-cache Gluster clients, ten times: the same verdict
+    every time, and no required check failed by a stale read (issue 17: it said unsafe 3/10)."""
+    verdicts = []
+    for n in range(10):
+        _, mount_a, mount_b = two_mounts.new_dir(f"doctor-{n}")
+        report = run_doctor(mount_a, mount_b)
+        failed = sorted(c.name for c in report.checks if c.required and c.verdict == "fail")
+        verdicts.append((report.safe, failed))
+    print(f"\n{two_mounts.engine}: doctor verdicts {verdicts}")
+    assert [(True, [])] * 10 == verdicts
