@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import time
 from collections import OrderedDict
 
 from castore import codec, fsio
@@ -13,12 +14,19 @@ from castore.errors import (
     DurabilityError,
     ObjectCorruptError,
     ObjectMissingError,
+    StoreIOError,
     UnsafeFileError,
 )
 from castore.layout import Layout
+from castore.mountinfo import names_are_coherent
 
 # A put races gc at most once per gc run; a few tries cover any number of concurrent gcs.
 _PUBLISH_TRIES = 3
+# On a filesystem whose client caches names (GlusterFS' default entry-timeout, 1 s), link()
+# onto a name another client's gc just removed fails EEXIST until the entry expires: the
+# publish is retried with a backoff for this long before the object counts as lost.
+_STALE_NAME_S = 3.0
+_BACKOFF_FIRST_S, _BACKOFF_MAX_S = 0.01, 0.25
 # The bytes of objects this process stored lately, so a commit that names one (a blob put
 # earlier) can store it again if gc removed it meanwhile, without reading it back (gc.py).
 _RECENT_BYTES = 32 << 20
@@ -33,6 +41,7 @@ class ObjectStore:
         self._recent: OrderedDict[str, bytes] = OrderedDict()
         self._recent_size = 0
         self._recent_lock = threading.Lock()
+        self._coherent: bool | None = None
 
     def path(self, object_id: str) -> str:
         return self._layout.object_path(object_id)
@@ -48,22 +57,30 @@ class ObjectStore:
         fanout = self._layout.fanout_dir(object_id)
         # A planted symlink in place of a fan-out directory must not receive objects.
         fsio.require_real_directory(fanout)
-        for _ in range(_PUBLISH_TRIES):
+        started, pause, tries = time.monotonic(), _BACKOFF_FIRST_S, 0
+        while True:
+            tries += 1
             try:
                 created = fsio.publish_file(fanout, object_id, data)
             except FileNotFoundError:
                 # Fan-out directories are made on first use; gc or a person may remove them.
                 fsio.make_dir_durable(fanout)
-                continue
+                created = False
             except DurabilityError as exc:
                 if exc.errno != errno.ENOENT:
                     raise
-                continue  # the temp file vanished before its link: a gc with no grace period
-            if created or self._refresh(object_id):
-                if remember:
-                    self._remember(object_id, data)
-                return object_id
-        raise ObjectMissingError(object_id, self.path(object_id))
+                created = False  # the temp file vanished before its link: a gc with no grace
+            else:
+                if created or self._refresh(object_id):
+                    if remember:
+                        self._remember(object_id, data)
+                    return object_id
+            if tries < _PUBLISH_TRIES:
+                continue
+            if self.names_are_coherent() or time.monotonic() - started > _STALE_NAME_S:
+                raise ObjectMissingError(object_id, self.path(object_id))
+            time.sleep(pause)  # our client still holds the removed name: wait for it to expire
+            pause = min(pause * 2, _BACKOFF_MAX_S)
 
     def _remember(self, object_id: str, data: bytes) -> None:
         if len(data) > _RECENT_ONE:
@@ -82,7 +99,7 @@ class ObjectStore:
         before a commit named it); a no-op otherwise."""
         with self._recent_lock:
             data = self._recent.get(object_id)
-        if data is not None and not self.exists(object_id):
+        if data is not None and not self.still_named(object_id):
             self.put_framed(data)
 
     def hold(self, object_id: str) -> bytes:
@@ -104,16 +121,58 @@ class ObjectStore:
             self.put_framed(data)  # set aside or removed by gc: store it again
         except PermissionError:
             pass  # not the owner in a group store: best effort (FORMAT.md, gc)
+        except OSError as exc:
+            if exc.errno != errno.ESTALE:
+                raise fsio.io_error(self.path(object_id), "refreshing", exc) from exc
+            self.put_framed(data)  # the name's inode is gone on the server: as above
 
     def _refresh(self, object_id: str) -> bool:
         """The object already existed: check its bytes (never trust a damaged copy) and make
         it young again, since gc keeps what is younger than its grace period. False if it
-        vanished meanwhile (gc set it aside): then the caller publishes it anew."""
+        vanished meanwhile (gc set it aside): then the caller publishes it anew.
+
+        The name is confirmed *after* the refresh, by `still_named`: a client that still
+        caches a name another client's gc removed refreshes the set-aside inode by it
+        (read and utime succeed), and that inode is unlinked soon after. If the name is
+        there after the utime, the utime came before gc's removal of the name, hence before
+        gc reads the slots again and looks at the mtimes: gc sees the object young and puts
+        it back (gc.py, step 2). If it is gone, the put publishes again."""
         try:
             self.read(object_id)
+            refreshed = fsio.refresh_mtime(self.path(object_id))  # best effort in a group store
         except ObjectMissingError:
             return False
-        return fsio.refresh_mtime(self.path(object_id))  # best effort in a group store
+        except StoreIOError as exc:
+            if exc.errno != errno.ESTALE:
+                raise
+            return False  # the server no longer has the inode our client's name led to
+        return refreshed and self.still_named(object_id)
+
+    def names_are_coherent(self) -> bool:
+        """True when a lookup in this store is the truth (a local filesystem, decided once)."""
+        if self._coherent is None:
+            self._coherent = names_are_coherent(self._layout.root)
+        return self._coherent
+
+    def still_named(self, object_id: str) -> bool:
+        """True if the object's name exists now, as the directory holds it: a lookup on a
+        local filesystem; elsewhere a listing of its fan-out directory too, since a client
+        may go on finding a name another client removed (its lookup is served from cache,
+        a listing reaches the server). A False is always safe: the caller stores again."""
+        path = self.path(object_id)
+        try:
+            if not fsio.exists(path):
+                return False
+        except StoreIOError as exc:
+            if exc.errno != errno.ESTALE:
+                raise
+            return False
+        if self.names_are_coherent():
+            return True
+        try:
+            return object_id in fsio.list_names(os.path.dirname(path))
+        except FileNotFoundError:
+            return False
 
     def read(self, object_id: str) -> bytes:
         """The framed bytes of an object, re-hashed: corrupt bytes are never returned."""

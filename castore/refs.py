@@ -119,7 +119,7 @@ class TaskSlots:
     def _recheck(self, object_id: str, seq: int, data: bytes, held: dict[str, bytes]) -> None:
         """After the link: every object this commit relies on still has its name (gc may have
         set it aside before it could see the slot; see the module docstring)."""
-        if not self._objects.exists(object_id):
+        if not self._objects.still_named(object_id):
             # The slot is the snapshot's inode: give it back its object name (not a copy).
             fanout = os.path.dirname(self._objects.path(object_id))
             try:
@@ -128,7 +128,7 @@ class TaskSlots:
             except DurabilityError:
                 self._objects.put_framed(data, remember=False)
         for other, other_data in held.items():
-            if not self._objects.exists(other):
+            if not self._objects.still_named(other):
                 self._objects.put_framed(other_data)
 
     def _actual(self, seq: int) -> str:

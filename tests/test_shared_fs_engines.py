@@ -30,14 +30,6 @@ DOCTOR_STALE_READ = (
     "doctor's exclusive-create race reads the winner's file once and calls b'' (a stale read "
     "under Gluster's default caches) a failure: _judge_round must re-read for a bounded while"
 )
-# castore.objects.ObjectStore._refresh trusts read()+utime() by name; on a client whose dentry
-# cache still maps the name to the inode gc just renamed aside, both succeed and nothing is
-# published, so the object is gone once gc unlinks its aside copy.
-REFRESH_STALE_NAME = (
-    "ObjectStore._refresh trusts a name its client's dentry cache may still hold after gc on "
-    "another client renamed it aside: it must confirm the name by listing the fan-out "
-    "directory (readdir reaches the server) and publish again when it is gone"
-)
 STALE_BOUND_S = 2.0  # Gluster's default md-cache / FUSE timeouts are 1 s; CephFS blocks instead
 
 
@@ -132,16 +124,14 @@ def test_a_file_renamed_over_on_one_client_is_stale_on_the_other_only_with_glust
 
 
 def test_a_put_on_one_client_deduplicating_against_an_object_gc_sets_aside_on_the_other_is_kept(
-    two_mounts: TwoMounts, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+    two_mounts: TwoMounts, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """gc through mount A sets an old unreachable object aside; at that moment a put of the
     same bytes through mount B finds the name taken (EEXIST) and refreshes the object instead
     of publishing it: afterwards the object must exist. On a local filesystem the refresh by
     name fails (ENOENT) and the put publishes again; through a client whose dentry cache
     still holds the name (Gluster's default entry-timeout, 1 s), it succeeds on the inode gc
-    is about to unlink, and the object is lost."""
-    if two_mounts.engine == "gluster-default":
-        request.applymarker(pytest.mark.xfail(reason=REFRESH_STALE_NAME, strict=True))
+    is about to unlink, so the put confirms the name by a listing and publishes again."""
     origin, mount_a, mount_b = two_mounts.new_dir("dedup")
     castore.Store.init(origin / "store")
     gc_side, put_side = castore.Store.open(mount_a / "store"), castore.Store.open(mount_b / "store")
@@ -156,27 +146,31 @@ def test_a_put_on_one_client_deduplicating_against_an_object_gc_sets_aside_on_th
 def _put_while_gc_sets_aside(
     gc_side: castore.Store, put_side: castore.Store, value: object, monkeypatch: pytest.MonkeyPatch
 ) -> str:
-    """Store `value` 30 days old through gc_side, then run gc there; between its rename of
-    the object aside and its unlink, put `value` through put_side (whose client looked the
-    name up just before the rename). The object's id."""
+    """Store `value` 30 days old through gc_side, then run gc there; after gc has set the
+    object aside and decided to remove it (it re-read the slots and saw it old), just before
+    it unlinks the set-aside copy, put `value` through put_side (whose client looked the name
+    up just before the set-aside). The object's id."""
     object_id = gc_side.put_blob(value).blob
     age(obj(gc_side, object_id), 30)
-    fanout = os.path.dirname(gc_side.objects.path(object_id))
-    real_remove, real_set_aside = fsio.remove_if_present, castore.gc._remove_if_still_old
+    object_path = gc_side.objects.path(object_id)
+    fanout = os.path.dirname(object_path)
+    real_remove, real_old_size = fsio.remove_if_present, castore.gc._old_size
     put_once: list[str] = []
 
-    def set_aside(path: str, cutoff: float, *, dry_run: bool) -> int | None:
-        put_side.objects.exists(object_id)  # the put side looks the name up: a fresh dentry
-        return real_set_aside(path, cutoff, dry_run=dry_run)
+    def old_size(path: str, cutoff: float) -> int | None:
+        if path == object_path:  # gc is about to set it aside
+            put_side.objects.exists(object_id)  # the put side looks the name up: a fresh dentry
+        return real_old_size(path, cutoff)
 
     def remove(path: str) -> None:
-        if not put_once and os.path.dirname(path) == fanout:  # gc removes the aside copy
+        aside_copy = os.path.dirname(path) == fanout and os.path.basename(path) != object_id
+        if not put_once and aside_copy:  # gc removes the set-aside copy
             put_once.append(path)
-            put_side.put_blob(value)  # EEXIST on the name, then a refresh
+            put_side.put_blob(value)  # EEXIST on the name (on a stale client), then a refresh
         real_remove(path)
 
     with monkeypatch.context() as patch:
-        patch.setattr(castore.gc, "_remove_if_still_old", set_aside)
+        patch.setattr(castore.gc, "_old_size", old_size)
         patch.setattr(fsio, "remove_if_present", remove)
         collect(gc_side.root, grace_s=3600)
     assert put_once, "gc did not set the object aside"

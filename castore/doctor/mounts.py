@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import re
-
 from castore.doctor.report import Check
+from castore.mountinfo import LOCAL_FILESYSTEMS as _LOCAL_FILESYSTEMS
+from castore.mountinfo import mount_of as _mount_of
 
-_LOCAL_FILESYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "zfs", "f2fs", "bcachefs"})
 _FS_NOTES = {
     "tmpfs": "tmpfs lives in memory: everything is lost on reboot (fine for tests only)",
     "ramfs": "ramfs lives in memory: everything is lost on reboot (fine for tests only)",
@@ -25,31 +23,6 @@ _FS_NOTES = {
     "reaches the server, flock is per client, st_nlink is always 1, and a client that loses a "
     "create/link race sees EPERM, not EEXIST",
 }
-
-
-def _mount_of(path: str) -> tuple[str, str, str] | None:
-    """(fstype, source, mount point) of the mount holding `path`, from /proc/self/mountinfo."""
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    real = os.path.realpath(path)
-
-    def unescape(s: str) -> str:
-        return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), s)
-
-    best: tuple[str, str, str] | None = None
-    for line in lines:
-        left, sep, right = line.partition(" - ")
-        fields, tail = left.split(), right.split()
-        if not sep or len(fields) < 5 or len(tail) < 2:
-            continue
-        point = unescape(fields[4])
-        inside = real == point or real.startswith(point.rstrip("/") + "/")
-        if inside and (best is None or len(point) >= len(best[2])):
-            best = (tail[0], unescape(tail[1]), point)
-    return best
 
 
 def _describe_fs(label: str, path: str) -> tuple[bool, str]:
