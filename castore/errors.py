@@ -24,6 +24,7 @@
     ├── ConflictError                            lost the compare-and-swap on a task's HEAD
     ├── ResumeRefusedError                       the resumption gate said no
     │   ├── ChainError (also IntegrityError)     HEAD → plan root does not verify
+    │   │   └── IllegalHistoryError              hash-valid, but a link the protocol forbids
     │   ├── PlanDriftError                       the caller's plan is not the task's plan
     │   ├── EnvironmentDriftError                the live environment differs from the anchor
     │   ├── KeylessEffectError                   an in-flight effect without idempotency key
@@ -305,6 +306,26 @@ class ChainError(ResumeRefusedError, IntegrityError):
             self,
             f"task {task_id!r}: chain does not verify: {reason}; refusing to resume. "
             "Run `castore fsck --task` on it and restore the named object from a backup",
+        )
+
+
+class IllegalHistoryError(ChainError):
+    """Every hash verifies, but a snapshot changes its parent in a way the protocol forbids."""
+
+    def __init__(self, task_id: str, seq: int, object_id: str, problems: list[str]) -> None:
+        self.task = task_id
+        self.seq = seq
+        self.problems = problems
+        self.reason = problems[0]
+        self.path = ""
+        self.object_id = object_id
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        Exception.__init__(
+            self,
+            f"task {task_id!r}: snapshot {seq} ({object_id}) is intact but records an illegal "
+            f"history: {problems[0]}{more}; refusing to resume, since it could send a side "
+            f"effect again. Run `castore fsck --task {task_id}` and restore the task from a "
+            "backup; no override accepts a forged history",
         )
 
 
