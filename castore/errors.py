@@ -429,14 +429,16 @@ class EffectNotReadyError(EffectError):
 class OutcomeUnknownError(EffectError):
     """The effect is UNRESOLVED: castore will not guess whether it happened."""
 
-    def __init__(self, task_id: str, step: str, key: str) -> None:
+    def __init__(self, task_id: str, step: str, key: str, reason: str | None = None) -> None:
         self.task = task_id
         self.step = step
         self.key = key
+        self.reason = reason
+        why = f" ({reason})" if reason else ""
         super().__init__(
-            f"task {task_id!r}: the outcome of effect {step!r} (key {key}) is unknown; castore "
-            f"will not resend it. Check the service, then run `castore resolve {task_id} {step} "
-            "--confirmed RECEIPT` or `--not-done --reason TEXT`"
+            f"task {task_id!r}: the outcome of effect {step!r} (key {key}) is unknown{why}; "
+            "castore will not resend it. Check the service, then run "
+            f"`castore resolve {task_id} {step} --confirmed RECEIPT` or `--not-done --reason TEXT`"
         )
 
 

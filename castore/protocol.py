@@ -46,7 +46,7 @@ def next_action(run: Run, step_id: str | None) -> NextAction:
         return NextAction(Action.SKIP, step_id, reason="already finished")
     record = run.head.effect(step_id)
     if record is not None:
-        return effect_action(record, run.now_ms())
+        return effect_action(record, run.now_ms(), run.chain_clock)
     if step_id != frontier.step:
         raise UsageError(f"step {step_id!r} is not the next step (next: {frontier.step!r})")
     return NextAction(Action.RUN, step_id, reason="a plain step: run it and commit its result")
@@ -230,7 +230,7 @@ def perform(
         return run.receipt(step_id) or ""
     if action.action is Action.ESCALATE:
         record = _open_record(run, step_id)
-        raise OutcomeUnknownError(run.task_id, step_id, record.key or "")
+        raise OutcomeUnknownError(run.task_id, step_id, record.key or "", record.reason)
     if action.action not in _SENDABLE:
         raise EffectNotReadyError(step_id, str(action.state), action.action.value)
     with effect(run, step_id, service, key) as call:

@@ -15,7 +15,7 @@ import attrs
 
 from castore import codec, gate, guard, protocol
 from castore.digest import hash_chunks
-from castore.effects import NextAction, Service
+from castore.effects import ChainClock, NextAction, Service
 from castore.errors import CastoreError, CommitUncertainError, ConflictError, UsageError
 from castore.layout import validate_object_id
 from castore.objects import ObjectStore
@@ -125,6 +125,8 @@ class Run:
         self._objects = objects
         self._slots = slots
         self._outcomes: dict[str, Outcome] = dict(chain.outcomes)
+        # Every time the chain holds, as far as a retention decision must know them.
+        self.chain_clock: ChainClock = chain.clock.seen(chain.head.seq, chain.head.time_ms)
         self._settings = settings
         self._lock = lock
         self._stale: CastoreError | None = None
@@ -244,6 +246,9 @@ class Run:
         except (ConflictError, CommitUncertainError) as exc:
             self._stale = exc  # the run no longer knows HEAD: it must stop and resume
             raise
+        self.chain_clock = self.chain_clock.linked(
+            self.head.time_ms, snapshot.seq, snapshot.time_ms
+        )
         self.head, self.head_id = snapshot, snapshot_id
         return snapshot_id
 

@@ -9,6 +9,7 @@ import attrs
 
 from castore import codec
 from castore.digest import hash_bytes
+from castore.effects import ChainClock
 from castore.errors import (
     CastoreError,
     ChainError,
@@ -48,6 +49,9 @@ class VerifiedChain:
     root_plan_id: str
     outcomes: dict[str, Outcome]
     ids: tuple[str, ...]  # every snapshot id, newest first
+    clock: ChainClock = attrs.field(
+        factory=ChainClock
+    )  # what the chain shows of its writers' clocks
 
     @property
     def length(self) -> int:
@@ -168,13 +172,16 @@ def _verify(
     current_id, expected_seq = head_id, head_seq
     head: Snapshot | None = None
     child: Snapshot | None = None
+    clock = ChainClock()
     seen: list[str] = []
     seen_set: set[str] = set()
     while True:
         snapshot = _decode_snapshot(task_id, current_id, data)
         _check_link(task_id, current_id, snapshot, expected_seq, child)
+        clock = clock.seen(snapshot.seq, snapshot.time_ms)
         if child is not None:
             _check_history(task_id, snapshot, child, seen[-1])
+            clock = clock.linked(snapshot.time_ms, child.seq, child.time_ms)
         head = head or snapshot
         _record_outcome(outcomes, snapshot)
         seen.append(current_id)
@@ -195,6 +202,7 @@ def _verify(
         outcomes=outcomes,
         ids=tuple(seen),
         expected_plan=expected_plan,
+        clock=clock,
     )
 
 
@@ -282,6 +290,7 @@ def _finish(
     outcomes: dict[str, Outcome],
     ids: tuple[str, ...],
     expected_plan: tuple[str, Plan] | None,
+    clock: ChainClock,
 ) -> VerifiedChain:
     if head is None:
         raise ChainError(task_id, "no snapshot was read", object_id=head_id)  # not reached
@@ -293,7 +302,7 @@ def _finish(
         plan = read_plan(objects, task_id, head.plan)
     if root_plan != head.plan:
         read_plan(objects, task_id, root_plan)  # the plan root must verify too
-    return VerifiedChain(task_id, head, head_id, plan, head.plan, root_plan, outcomes, ids)
+    return VerifiedChain(task_id, head, head_id, plan, head.plan, root_plan, outcomes, ids, clock)
 
 
 def _read_plan_bytes(objects: ObjectStore, task_id: str, plan_id: str) -> None:

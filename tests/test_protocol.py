@@ -25,7 +25,7 @@ from helpers import tree_snapshot
 
 import castore
 from castore import Action, EffectState
-from castore.effects import ALLOWED, check_transition
+from castore.effects import ALLOWED, CLOCK_TOLERANCE_MS, check_transition
 from castore.lab.service import (
     ServiceClient,
     ServiceError,
@@ -38,7 +38,9 @@ from castore.lab.service import (
 TASK = "order-7"
 PLAN = castore.Plan.build("checkout", "prep", castore.effect("pay", "prep"), "after")
 KEY = castore.derive_key(TASK, castore.plan_id(PLAN), "pay")
-RETENTION_S = 60
+# A resubmission window of 60 s: the declared retention less the clock tolerance.
+WINDOW_S = 60
+RETENTION_S = CLOCK_TOLERANCE_MS // 1000 + WINDOW_S
 CHILD_TIMEOUT_S = 60.0
 
 # The crashing worker. Its plan must be PLAN above (a different one would be plan drift).
@@ -292,7 +294,7 @@ def test_submitted_idempotent_within_retention_is_resubmitted_and_deduplicated(l
     lab.start("idempotent")
     lab.crash("effect.sent", declare="idempotent")
     original = lab.receipt_of(KEY)
-    with lab.store(offset_ms=(RETENTION_S - 5) * 1000).resume(TASK, PLAN) as run:
+    with lab.store(offset_ms=(WINDOW_S - 5) * 1000).resume(TASK, PLAN) as run:
         assert Action.RESUBMIT == run.next_action().action
         assert Action.RESUBMIT == run.settle(IDEMPOTENT).action  # settle never sends
         send = Sender(lab.client)
@@ -306,7 +308,7 @@ def test_submitted_idempotent_after_retention_is_marked_unresolved(lab: Lab) -> 
     """SUBMITTED + idempotent, retention passed → MARK_UNRESOLVED; never resubmitted."""
     lab.start("idempotent")
     lab.crash("effect.sent", declare="idempotent")
-    with lab.store(offset_ms=(RETENTION_S + 1) * 1000).resume(TASK, PLAN) as run:
+    with lab.store(offset_ms=(WINDOW_S + 1) * 1000).resume(TASK, PLAN) as run:
         action = run.next_action()
         assert Action.MARK_UNRESOLVED == action.action
         assert "retention" in action.reason
