@@ -421,8 +421,10 @@ class EffectNotReadyError(EffectError):
         self.state = state
         self.next_action = next_action
         super().__init__(
-            f"effect {step!r} is {state}; its next action is {next_action!r}, "
-            "so it cannot be submitted now. Call run.next_action(step) and follow it"
+            f"effect {step!r} is {state}; its next action is {next_action!r}, so it cannot "
+            "be done now. Call run.next_action(step) and follow it: run.settle(service) applies "
+            "the rows that do not send (reconcile, mark unresolved), run.perform(...) and "
+            "`with run.effect(...)` apply every row"
         )
 
 

@@ -187,6 +187,7 @@ def never_send(key: str) -> str:
     raise AssertionError(f"castore sent {key!r} although it must not send")
 
 
+S = EffectState
 IDEMPOTENT = castore.Service("payments", idempotent=True, retention=RETENTION_S)
 NEITHER = castore.Service("payments")
 
@@ -542,20 +543,36 @@ def test_effect_step_cannot_be_committed_as_a_plain_step(store: castore.Store) -
         assert EffectState.PLANNED == run.head.effect("pay").state
 
 
-def test_submitting_a_reconcilable_submitted_effect_is_not_ready(store: castore.Store) -> None:
-    """run.effect on a SUBMITTED effect whose next action is RECONCILE: EffectNotReadyError."""
+def test_entering_a_reconcilable_submitted_effect_reconciles_first(store: castore.Store) -> None:
+    """run.effect on a SUBMITTED effect whose next action is RECONCILE reconciles on entry:
+    not found → NOT_DONE → submitted again with the same key (the block runs once more)."""
     service = castore.Service("payments", reconcile=lambda key: castore.NOT_FOUND)
+    keys: list[str] = []
     with _prepared(store) as run:
         with pytest.raises(ConnectionError, match="reset by peer"):
-            _interrupted(run, service, [])
-        with pytest.raises(castore.EffectNotReadyError) as caught:
-            run.effect("pay", service).__enter__()
-        assert "reconcile" == caught.value.next_action
+            _interrupted(run, service, keys)
+        with run.effect("pay", service) as call:
+            assert (KEY, 2) == (call.key, call.attempt)
+            call.confirm("rcpt-1")
+        kinds = [(s.transition.effect_from, s.transition.effect_to) for _, s in store.history(TASK)]
+        assert [
+            (S.SUBMITTED, S.CONFIRMED),
+            (S.NOT_DONE, S.SUBMITTED),
+            (S.SUBMITTED, S.NOT_DONE),
+        ] == (kinds[:3])
+    assert [KEY] == keys
+
+
+def test_entering_a_plain_step_as_an_effect_is_not_ready(store: castore.Store) -> None:
+    """run.effect on a plain step: EffectNotReadyError naming its next action and run.settle."""
+    with store.start(TASK, PLAN) as run, pytest.raises(castore.EffectNotReadyError) as caught:
+        run.effect("prep", NEITHER).__enter__()
+    assert "run" == caught.value.next_action
+    assert "run.settle(service)" in str(caught.value)
 
 
 # -- legal and illegal transitions ----------------------------------------------------------------
 
-S = EffectState
 # PROTOCOL.md's diagram, plus SUBMITTED → SUBMITTED (a resubmission with the same key is
 # committed too, so only the winner of that commit sends it).
 LEGAL = {
