@@ -7,6 +7,7 @@ mode that can neither deduplicate nor be asked: a second send would be a second 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -196,3 +197,20 @@ def test_every_legal_history_still_resumes(store: castore.Store, service: Servic
         run.commit_step("after", 2)
         assert run.finished
     assert [] == [f for f in check_store(store.root, jobs=1) if f.code == "illegal-transition"]
+
+
+def test_fsck_judges_a_slot_with_other_findings_against_its_clean_parent(
+    store: castore.Store,
+) -> None:
+    """An override that keeps a PLANNED record unchanged, its slot made writable (so fsck
+    gives it the full check, after a clean parent): no `illegal-transition` (a decoded view
+    never equals a record, so the rule compares field values)."""
+    with store.start(TASK, PLAN, env="a" * 64) as run:
+        run.commit_step("prep", 1)
+    store.override(TASK, who="ana@ops", why="rotated", env="b" * 64)
+    seq = 2  # 0 start, 1 prep, 2 the override
+    assert EffectState.PLANNED == store.verify(TASK).head.effects[0].state
+    os.chmod(TaskSlots(store.layout, store.objects, TASK).path(seq), 0o644)
+    codes = {f.code for f in check_store(store.root, jobs=1)}
+    assert "illegal-transition" not in codes
+    assert codes  # the writable slot itself is reported
