@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from castore import codec, gate, guard, protocol
+from castore import codec, fsio, gate, guard, protocol
 from castore.digest import hash_chunks
 from castore.effects import ChainClock, NextAction, Service
 from castore.errors import CastoreError, CommitUncertainError, ConflictError, UsageError
@@ -130,6 +130,10 @@ class Run:
         self._settings = settings
         self._lock = lock
         self._stale: CastoreError | None = None
+        # HEAD may be a link whose directory fsync never happened (its writer was killed, or
+        # got CommitUncertainError): a successor linked before it is durable could survive a
+        # power loss without it, a gap no resume gets past. The first commit syncs it first.
+        self._head_durable = False
         self._writer = Writer(socket.gethostname(), os.getpid(), secrets.token_hex(8))
         # Set by resume when the environment check was deferred until in-flight effects settle.
         self.env_unverified = False
@@ -241,6 +245,9 @@ class Run:
             writer=self._writer,
         )
         data = encode_snapshot(snapshot, self._settings)
+        if not self._head_durable:
+            fsio.fsync_dir(self._slots.directory)
+            self._head_durable = True
         try:
             snapshot_id = self._slots.commit(data, snapshot.seq, self.head_id)
         except (ConflictError, CommitUncertainError) as exc:
