@@ -74,6 +74,25 @@ class Hosts:
         assert proc.returncode in (0, 6), proc.stderr
         return proc.returncode, json.loads(proc.stdout)
 
+    def racing(self, offsets: list[int], retention_s: int) -> list[tuple[int, dict[str, Any]]]:
+        """Start one worker per clock offset at once; (exit code, report) of each."""
+        assert self.service is not None
+        argv = [sys.executable, str(WORKER), str(self.store_path), self.service.url]
+        procs = []
+        for offset in offsets:
+            env = {**os.environ, "CASTORE_TEST_CLOCK_OFFSET_MS": str(offset)}
+            env.pop("CASTORE_CRASH_AT", None)
+            procs.append(
+                subprocess.Popen(
+                    [*argv, str(retention_s)], env=env, stdout=subprocess.PIPE, text=True
+                )
+            )
+        results = []
+        for proc in procs:
+            out, _ = proc.communicate(timeout=60)
+            results.append((proc.returncode, json.loads(out) if out else {}))
+        return results
+
     def counts(self) -> dict[str, int]:
         return applied_counts(self.ledger)
 
@@ -106,6 +125,19 @@ def test_a_fast_host_then_a_resume_90_minutes_later_escalates_instead_of_chargin
     [effect] = store.status(TASK).effects
     assert ("UNRESOLVED", "escalate") == (effect.state, effect.next_action)
     assert "clock skew" in effect.reason
+    assert {KEY: 1} == hosts.counts()
+
+
+def test_workers_with_clocks_set_apart_racing_to_resume_all_escalate(hosts: Hosts) -> None:
+    """After the fast host's crash, three workers whose clocks are 90 min ahead, 3 h ahead
+    and 30 min behind resume at once: each ends UNRESOLVED (one marks it, the others find it
+    so), and the service still holds one charge."""
+    hosts.serve(retention_s=3600)
+    hosts.worker(2 * HOUR_MS, 3600, crash_at="effect.sent")
+    hosts.serve(retention_s=3600, clock_offset_ms=90 * MINUTE_MS)
+    results = hosts.racing([90 * MINUTE_MS, 3 * HOUR_MS, -30 * MINUTE_MS], 3600)
+    assert [6, 6, 6] == [code for code, _ in results]
+    assert ["unresolved"] * 3 == [report["outcome"] for _, report in results]
     assert {KEY: 1} == hosts.counts()
 
 
