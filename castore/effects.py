@@ -17,6 +17,12 @@ from castore.errors import IllegalTransitionError, UsageError
 from castore.records import EffectRecord, EffectState
 
 _S = EffectState
+# How far castore assumes the clocks of a task's writers and of its services may disagree
+# without showing it (the value Kerberos tolerates). A resubmission relies on the service's
+# retention window, measured by the service's clock from a time another host's clock wrote
+# down: the window castore uses is the declared retention minus this, and any skew the chain
+# itself shows, however small, means no automatic resubmission at all.
+CLOCK_TOLERANCE_MS = 5 * 60 * 1000
 # PROTOCOL.md's diagram, plus SUBMITTED → SUBMITTED: a resubmission with the same key is
 # committed too, so that only the worker whose commit won may send it.
 ALLOWED: dict[EffectState, frozenset[EffectState]] = {
@@ -119,8 +125,67 @@ class NextAction:
     reason: str = ""
 
 
-def effect_action(record: EffectRecord, now_ms: int) -> NextAction:
-    """The next action for an open effect record, from what its service declared at submit."""
+@attrs.frozen
+class ChainClock:
+    """What a task's chain shows of its writers' clocks: its latest time and the largest
+    step back in time from a snapshot to its successor (two writers' clocks disagreeing)."""
+
+    latest_ms: int | None = None
+    latest_seq: int | None = None
+    backwards_ms: int = 0
+    backwards_seq: int | None = None
+
+    def seen(self, seq: int, time_ms: int) -> ChainClock:
+        """With snapshot `seq` written at `time_ms` taken into account."""
+        if self.latest_ms is not None and time_ms <= self.latest_ms:
+            return self
+        return attrs.evolve(self, latest_ms=time_ms, latest_seq=seq)
+
+    def linked(self, parent_ms: int, seq: int, time_ms: int) -> ChainClock:
+        """With snapshot `seq` (at `time_ms`) following a parent written at `parent_ms`."""
+        clock = self.seen(seq, time_ms)
+        if parent_ms - time_ms > clock.backwards_ms:
+            clock = attrs.evolve(clock, backwards_ms=parent_ms - time_ms, backwards_seq=seq)
+        return clock
+
+
+def span(ms: int) -> str:
+    """A duration as a person reads it."""
+    if ms >= 3_600_000:
+        return f"{ms / 3_600_000:.1f} h"
+    if ms >= 60_000:
+        return f"{ms / 60_000:.1f} min"
+    return f"{ms / 1000:.1f} s"
+
+
+def clock_doubt(record: EffectRecord, now_ms: int, clock: ChainClock | None) -> str | None:
+    """Why this host's clock cannot be trusted to say whether the retention window of
+    `record` is still open (clock skew, and by how much), or None."""
+    first = record.first_submitted_ms
+    if first is not None and now_ms < first:
+        return (
+            f"clock skew: the first submission is dated {span(first - now_ms)} after this "
+            "host's clock (a negative age)"
+        )
+    if clock is None:
+        return None
+    if clock.latest_ms is not None and clock.latest_ms > now_ms:
+        return (
+            f"clock skew: snapshot {clock.latest_seq} of the task is dated "
+            f"{span(clock.latest_ms - now_ms)} after this host's clock"
+        )
+    if clock.backwards_ms > 0:
+        return (
+            f"clock skew: snapshot {clock.backwards_seq} is dated {span(clock.backwards_ms)} "
+            "before its parent (the task's writers' clocks disagree)"
+        )
+    return None
+
+
+def effect_action(record: EffectRecord, now_ms: int, clock: ChainClock | None = None) -> NextAction:
+    """The next action for an open effect record, from what its service declared at submit.
+    `clock` is what the task's chain shows of its writers' clocks (a resubmission trusts the
+    retention window only when nothing there contradicts this host's clock)."""
     state = record.state
     if state in (_S.PLANNED, _S.NOT_DONE):
         why = "not sent yet" if state is _S.PLANNED else "proved not applied; same key"
@@ -131,21 +196,41 @@ def effect_action(record: EffectRecord, now_ms: int) -> NextAction:
     if record.reconcilable:
         return NextAction(Action.RECONCILE, record.step, state, record.key, "look it up by key")
     if record.idempotent:
-        if within_retention(record, now_ms):
-            why = "the service deduplicates this key"
-            return NextAction(Action.RESUBMIT, record.step, state, record.key, why)
-        why = f"retention of {record.retention_s}s passed: a resubmission would be a new operation"
-        return NextAction(Action.MARK_UNRESOLVED, record.step, state, record.key, why)
+        return _idempotent_action(record, now_ms, clock)
     why = "the service can neither deduplicate nor be asked: the outcome is unknown"
     return NextAction(Action.MARK_UNRESOLVED, record.step, state, record.key, why)
 
 
+def _idempotent_action(record: EffectRecord, now_ms: int, clock: ChainClock | None) -> NextAction:
+    """SUBMITTED, and the service only deduplicates: resubmit only inside a window that no
+    clock reading contradicts."""
+    state = record.state
+    doubt = clock_doubt(record, now_ms, clock)
+    if doubt is not None:
+        why = (
+            f"{doubt}; castore cannot tell whether the service still deduplicates key "
+            f"{record.key}, so it will not resubmit. Check the service, then record what it "
+            "says with `castore resolve`"
+        )
+        return NextAction(Action.MARK_UNRESOLVED, record.step, state, record.key, why)
+    if within_retention(record, now_ms):
+        why = "the service deduplicates this key"
+        return NextAction(Action.RESUBMIT, record.step, state, record.key, why)
+    why = (
+        f"retention of {record.retention_s}s (less {CLOCK_TOLERANCE_MS // 1000}s for clock "
+        "skew) passed: a resubmission would be a new operation"
+    )
+    return NextAction(Action.MARK_UNRESOLVED, record.step, state, record.key, why)
+
+
 def within_retention(record: EffectRecord, now_ms: int) -> bool:
-    """True while the service still deduplicates the key: counted from the FIRST submission,
-    the earliest moment the service may have applied it."""
+    """True while the service surely still deduplicates the key: counted from the FIRST
+    submission (the earliest moment the service may have applied it), never for a negative
+    age, and ending CLOCK_TOLERANCE_MS before the declared retention does."""
     if record.retention_s is None or record.first_submitted_ms is None:
         return False
-    return now_ms - record.first_submitted_ms < record.retention_s * 1000
+    age = now_ms - record.first_submitted_ms
+    return 0 <= age < record.retention_s * 1000 - CLOCK_TOLERANCE_MS
 
 
 def submitted_record(record: EffectRecord, service: Service, key: str, now_ms: int) -> EffectRecord:

@@ -27,6 +27,7 @@
     ├── ConflictError                            lost the compare-and-swap on a task's HEAD
     ├── ResumeRefusedError                       the resumption gate said no
     │   ├── ChainError (also IntegrityError)     HEAD → plan root does not verify
+    │   │   └── IllegalHistoryError              hash-valid, but a link the protocol forbids
     │   ├── PlanDriftError                       the caller's plan is not the task's plan
     │   ├── EnvironmentDriftError                the live environment differs from the anchor
     │   ├── KeylessEffectError                   an in-flight effect without idempotency key
@@ -428,6 +429,26 @@ class ChainError(ResumeRefusedError, IntegrityError):
         return ChainError(self.task, self.reason, self.path, self.object_id, seq=seq)
 
 
+class IllegalHistoryError(ChainError):
+    """Every hash verifies, but a snapshot changes its parent in a way the protocol forbids."""
+
+    def __init__(self, task_id: str, seq: int, object_id: str, problems: list[str]) -> None:
+        self.task = task_id
+        self.seq = seq
+        self.problems = problems
+        self.reason = problems[0]
+        self.path = ""
+        self.object_id = object_id
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        Exception.__init__(
+            self,
+            f"task {task_id!r}: snapshot {seq} ({object_id}) is intact but records an illegal "
+            f"history: {problems[0]}{more}; refusing to resume, since it could send a side "
+            f"effect again. Run `castore fsck --task {task_id}` and restore the task from a "
+            "backup; no override accepts a forged history",
+        )
+
+
 class PlanDriftError(ResumeRefusedError):
     """The plan given to resume is not the plan the task was started with."""
 
@@ -520,22 +541,26 @@ class EffectNotReadyError(EffectError):
         self.state = state
         self.next_action = next_action
         super().__init__(
-            f"effect {step!r} is {state}; its next action is {next_action!r}, "
-            "so it cannot be submitted now. Call run.next_action(step) and follow it"
+            f"effect {step!r} is {state}; its next action is {next_action!r}, so it cannot "
+            "be done now. Call run.next_action(step) and follow it: run.settle(service) applies "
+            "the rows that do not send (reconcile, mark unresolved), run.perform(...) and "
+            "`with run.effect(...)` apply every row"
         )
 
 
 class OutcomeUnknownError(EffectError):
     """The effect is UNRESOLVED: castore will not guess whether it happened."""
 
-    def __init__(self, task_id: str, step: str, key: str) -> None:
+    def __init__(self, task_id: str, step: str, key: str, reason: str | None = None) -> None:
         self.task = task_id
         self.step = step
         self.key = key
+        self.reason = reason
+        why = f" ({reason})" if reason else ""
         super().__init__(
-            f"task {task_id!r}: the outcome of effect {step!r} (key {key}) is unknown; castore "
-            f"will not resend it. Check the service, then run `castore resolve {task_id} {step} "
-            "--confirmed RECEIPT` or `--not-done --reason TEXT`"
+            f"task {task_id!r}: the outcome of effect {step!r} (key {key}) is unknown{why}; "
+            "castore will not resend it. Check the service, then run "
+            f"`castore resolve {task_id} {step} --confirmed RECEIPT` or `--not-done --reason TEXT`"
         )
 
 

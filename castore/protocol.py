@@ -46,7 +46,7 @@ def next_action(run: Run, step_id: str | None) -> NextAction:
         return NextAction(Action.SKIP, step_id, reason="already finished")
     record = run.head.effect(step_id)
     if record is not None:
-        return effect_action(record, run.now_ms())
+        return effect_action(record, run.now_ms(), run.chain_clock)
     if step_id != frontier.step:
         raise UsageError(f"step {step_id!r} is not the next step (next: {frontier.step!r})")
     return NextAction(Action.RUN, step_id, reason="a plain step: run it and commit its result")
@@ -81,19 +81,38 @@ def _transition(
     )
 
 
-class Call:
-    """An effect whose SUBMITTED commit won: the caller may send the request with `key`."""
+class _AlreadyDone(BaseException):
+    """Raised in the block of an effect found CONFIRMED on entry, where it reads `call.key`
+    (the permission to send): it unwinds the block before anything is sent, and the context
+    manager swallows it. A BaseException, so that the block's `except Exception` cannot."""
 
-    def __init__(self, run: Run, record: EffectRecord) -> None:
+
+class Call:
+    """An effect whose SUBMITTED commit won: the caller may send the request with `key`.
+
+    Of an effect that was already CONFIRMED on entry (`done`), `receipt` is the recorded
+    receipt and `key`, `confirm` and `not_done` end the block before it sends again."""
+
+    def __init__(self, run: Run, record: EffectRecord, *, done: bool = False) -> None:
         self.run = run
         self.step = record.step
-        self.key: str = record.key or ""
+        self._key: str = record.key or ""
         self.attempt = record.attempts
-        self.receipt: str | None = None
-        self.settled = False
+        self.receipt: str | None = run.receipt(record.step) if done else None
+        self.settled = done
+        self.done = done
+
+    @property
+    def key(self) -> str:
+        """The idempotency key to send the request with."""
+        if self.done:
+            raise _AlreadyDone
+        return self._key
 
     def confirm(self, receipt: str) -> str:
         """The service confirmed: commit CONFIRMED with the receipt; returns the snapshot id."""
+        if self.done:
+            raise _AlreadyDone
         if not isinstance(receipt, str) or not receipt:
             raise UsageError(
                 "a receipt is a non-empty str: the service's id or URL for the operation"
@@ -116,6 +135,8 @@ class Call:
     def not_done(self, reason: str) -> str:
         """The service definitively refused (it did not apply the operation): commit NOT_DONE.
         The effect may be submitted again later, with the same key."""
+        if self.done:
+            raise _AlreadyDone
         record = _open_record(self.run, self.step)
         new = moved_record(record, EffectState.NOT_DONE, self.run.now_ms(), reason)
         snapshot_id = self.run.advance(
@@ -126,10 +147,31 @@ class Call:
         return snapshot_id
 
 
+def _ready(run: Run, step_id: str, service: Service) -> NextAction:
+    """The effect's next action once the rows that do not send are applied (what settle
+    does): submit, resubmit or skip; OutcomeUnknownError for an outcome nobody knows."""
+    action = next_action(run, step_id)
+    if action.action in (Action.RECONCILE, Action.MARK_UNRESOLVED, Action.ESCALATE):
+        settle(run, service)
+        action = next_action(run, step_id)
+    if action.action is Action.ESCALATE:
+        record = _open_record(run, step_id)
+        raise OutcomeUnknownError(run.task_id, step_id, record.key or "", record.reason)
+    return action
+
+
 @contextlib.contextmanager
 def effect(run: Run, step_id: str, service: Service, key: str | None) -> Iterator[Call]:
-    """Commit SUBMITTED (the claim to send), yield the call, check it was settled."""
-    action = next_action(run, step_id)
+    """Apply the effect's next action (a rerun after a crash or an exception in the block
+    reconciles, resubmits or escalates first), then commit SUBMITTED (the claim to send),
+    yield the call and check it was settled. An effect that is CONFIRMED by then yields a
+    done call: the block ends at its first use of `call.key`."""
+    action = _ready(run, step_id, service)
+    if action.action is Action.SKIP:
+        # The block stops at its first use of the key: the effect happened already.
+        with contextlib.suppress(_AlreadyDone):
+            yield Call(run, EffectRecord(step_id, None, EffectState.CONFIRMED, 0), done=True)
+        return
     if action.action not in _SENDABLE:
         raise EffectNotReadyError(step_id, str(action.state), action.action.value)
     record = _open_record(run, step_id)
@@ -223,16 +265,6 @@ def perform(
     run: Run, step_id: str, service: Service, send: Callable[[str], str], key: str | None
 ) -> str:
     """Drive one effect to CONFIRMED per the next-action table; returns its receipt."""
-    action = next_action(run, step_id)
-    if action.action in (Action.RECONCILE, Action.MARK_UNRESOLVED, Action.ESCALATE):
-        action = settle(run, service)
-    if action.action is Action.SKIP:
-        return run.receipt(step_id) or ""
-    if action.action is Action.ESCALATE:
-        record = _open_record(run, step_id)
-        raise OutcomeUnknownError(run.task_id, step_id, record.key or "")
-    if action.action not in _SENDABLE:
-        raise EffectNotReadyError(step_id, str(action.state), action.action.value)
     with effect(run, step_id, service, key) as call:
         call.confirm(send(call.key))
     return call.receipt or ""

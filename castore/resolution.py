@@ -11,7 +11,14 @@ import socket
 from castore import gate
 from castore.effects import check_transition, moved_record
 from castore.errors import UsageError
-from castore.records import EffectState, Frontier, Plan, Transition, TransitionKind
+from castore.records import (
+    EffectRecord,
+    EffectState,
+    Frontier,
+    Plan,
+    Transition,
+    TransitionKind,
+)
 from castore.run import Run, planned_record
 
 
@@ -46,13 +53,7 @@ def resolve(
     if receipt is not None and not receipt.strip():
         raise UsageError("a receipt is a non-empty str: the service's id or URL for the operation")
     actor = _require(who or default_actor(), "who")
-    record = run.head.effect(step_id)
-    if record is None or record.state not in (EffectState.SUBMITTED, EffectState.UNRESOLVED):
-        state = "not open" if record is None else record.state.value
-        raise UsageError(
-            f"effect {step_id!r} of task {run.task_id!r} is {state}; only a SUBMITTED or "
-            "UNRESOLVED effect needs a decision (see `castore status`)"
-        )
+    record = _in_flight(run, step_id)
     kept = tuple(r for r in run.head.effects if r.step != step_id)
     if receipt is not None:
         target, why, effects = EffectState.CONFIRMED, reason, kept  # CONFIRMED leaves the list
@@ -70,6 +71,39 @@ def resolve(
         why=why,
     )
     return run.advance(transition, effects, move_frontier=receipt is not None)
+
+
+def _in_flight(run: Run, step_id: str) -> EffectRecord:
+    """The record of effect `step_id` if its outcome is open; else UsageError saying what
+    the step is: not in the plan, a plain step, settled already, or not sent."""
+    task = run.task_id
+    effects = [step.id for step in run.plan.steps if step.effect]
+    listed = ", ".join(effects) if effects else "none"
+    record = run.head.effect(step_id)
+    if record is not None and record.state in (EffectState.SUBMITTED, EffectState.UNRESOLVED):
+        return record
+    if step_id not in {step.id for step in run.plan.steps}:
+        why = f"task {task!r} has no step {step_id!r} in its plan (its effect steps: {listed})"
+    elif step_id not in effects:
+        why = (
+            f"step {step_id!r} of task {task!r} is a plain step, not an effect step (its "
+            f"effect steps: {listed}); only an effect's outcome is ever decided"
+        )
+    elif run.done(step_id):
+        why = (
+            f"effect {step_id!r} of task {task!r} is settled already: CONFIRMED with receipt "
+            f"{run.receipt(step_id)!r}; nothing is left to decide"
+        )
+    elif record is None:
+        why = f"effect {step_id!r} of task {task!r} has not been reached yet; nothing to decide"
+    else:
+        why = (
+            f"effect {step_id!r} of task {task!r} is {record.state.value}, not in flight: "
+            "it will be submitted with its key when the task resumes; nothing to decide"
+        )
+    raise UsageError(
+        f"{why}. Only a SUBMITTED or UNRESOLVED effect needs a decision (see `castore status`)"
+    )
 
 
 def override(

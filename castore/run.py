@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from castore import codec, gate, guard, protocol
+from castore import codec, fsio, gate, guard, protocol
 from castore.digest import hash_chunks
-from castore.effects import NextAction, Service
+from castore.effects import ChainClock, NextAction, Service
 from castore.errors import CastoreError, CommitUncertainError, ConflictError, UsageError
 from castore.layout import validate_object_id
 from castore.objects import ObjectStore
@@ -138,9 +138,15 @@ class Run:
         self._objects = objects
         self._slots = slots
         self._outcomes: dict[str, Outcome] = dict(chain.outcomes)
+        # Every time the chain holds, as far as a retention decision must know them.
+        self.chain_clock: ChainClock = chain.clock.seen(chain.head.seq, chain.head.time_ms)
         self._settings = settings
         self._lock = lock
         self._stale: CastoreError | None = None
+        # HEAD may be a link whose directory fsync never happened (its writer was killed, or
+        # got CommitUncertainError): a successor linked before it is durable could survive a
+        # power loss without it, a gap no resume gets past. The first commit syncs it first.
+        self._head_durable = False
         self._writer = Writer(socket.gethostname(), os.getpid(), secrets.token_hex(8))
         # Set by resume when the environment check was deferred until in-flight effects settle.
         self.env_unverified = False
@@ -256,6 +262,9 @@ class Run:
             writer=self._writer,
         )
         data = encode_snapshot(snapshot, self._settings)
+        if not self._head_durable:
+            fsio.fsync_dir(self._slots.directory)
+            self._head_durable = True
         # What no earlier slot names: gc could remove it before it sees this commit (refs.py).
         relies_on = [oid for oid in (transition.result_ref, plan_id) if oid is not None]
         try:
@@ -263,6 +272,9 @@ class Run:
         except (ConflictError, CommitUncertainError) as exc:
             self._stale = exc  # the run no longer knows HEAD: it must stop and resume
             raise
+        self.chain_clock = self.chain_clock.linked(
+            self.head.time_ms, snapshot.seq, snapshot.time_ms
+        )
         self.head, self.head_id = snapshot, snapshot_id
         return snapshot_id
 

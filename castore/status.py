@@ -51,7 +51,7 @@ def frontier_action(chain: VerifiedChain, now_ms: int) -> NextAction:
     head = chain.head
     record = head.effect(head.frontier.step) if head.frontier.step is not None else None
     if record is not None:
-        return effect_action(record, now_ms)
+        return effect_action(record, now_ms, chain.clock)
     if head.frontier.step is None:
         return NextAction(Action.DONE, None, reason="every step is finished")
     return NextAction(Action.RUN, head.frontier.step, reason="a plain step")
@@ -67,7 +67,7 @@ def describe(chain: VerifiedChain, now_ms: int) -> TaskStatus:
             state=record.state.value,
             age_s=max(0.0, (now_ms - record.since_ms) / 1000),
             attempts=record.attempts,
-            next_action=(action := effect_action(record, now_ms)).action.value,
+            next_action=(action := effect_action(record, now_ms, chain.clock)).action.value,
             reason=action.reason,
         )
         for record in head.effects

@@ -9,17 +9,21 @@ import attrs
 
 from castore import codec
 from castore.digest import hash_bytes
+from castore.effects import ChainClock
 from castore.errors import (
     CastoreError,
     ChainError,
     FormatVersionError,
+    IllegalHistoryError,
     StoreIOError,
     TaskNotFoundError,
     UnknownVersionError,
 )
+from castore.fastdecode import decode_canonical
+from castore.history import illegal_changes
 from castore.layout import missing_seqs, validate_object_id
 from castore.objects import ObjectStore
-from castore.records import Plan, Snapshot, TransitionKind
+from castore.records import EffectState, Plan, Snapshot, TransitionKind
 from castore.refs import TaskSlots
 
 
@@ -46,6 +50,9 @@ class VerifiedChain:
     root_plan_id: str
     outcomes: dict[str, Outcome]
     ids: tuple[str, ...]  # every snapshot id, newest first
+    clock: ChainClock = attrs.field(
+        factory=ChainClock
+    )  # what the chain shows of its writers' clocks
 
     @property
     def length(self) -> int:
@@ -75,7 +82,8 @@ def named_ids(entry: object) -> Iterator[str]:
             yield value
 
 
-def _decode_snapshot_body(task_id: str, object_id: str, data: bytes) -> dict[str, Any]:
+def _decode_snapshot(task_id: str, object_id: str, data: bytes) -> Snapshot:
+    """A snapshot object as its record; ChainError naming what is wrong with it."""
     try:
         kind, body = codec.unframe(data, object_id)
     except codec.FrameError as exc:
@@ -84,6 +92,9 @@ def _decode_snapshot_body(task_id: str, object_id: str, data: bytes) -> dict[str
         ) from None
     if kind != "snapshot":
         raise ChainError(task_id, f"{object_id} is a {kind}, not a snapshot", object_id=object_id)
+    fast = decode_canonical(body, Snapshot)  # every body castore writes takes this path
+    if fast is not None:
+        return fast
     try:
         decoded = codec.decode_value(body)
     except ValueError:
@@ -92,7 +103,19 @@ def _decode_snapshot_body(task_id: str, object_id: str, data: bytes) -> dict[str
         ) from None
     if not isinstance(decoded, dict):
         raise ChainError(task_id, f"snapshot {object_id} is not a record", object_id=object_id)
-    return decoded
+    for name, types in _LINK_FIELDS.items():
+        if name not in decoded or type(decoded[name]) not in types:
+            raise ChainError(
+                task_id, f"snapshot {object_id} lacks a valid {name!r} field", object_id=object_id
+            )
+    try:
+        return codec.from_builtins(decoded, Snapshot)
+    except Exception as exc:
+        raise ChainError(
+            task_id,
+            f"snapshot {object_id} is not a valid snapshot record: {exc}",
+            object_id=object_id,
+        ) from exc
 
 
 def _read_snapshot(objects: ObjectStore, task_id: str, object_id: object, seq: int) -> bytes:
@@ -110,16 +133,15 @@ def _read_snapshot(objects: ObjectStore, task_id: str, object_id: object, seq: i
         ) from exc
 
 
-def _record_outcome(outcomes: dict[str, Outcome], entry: dict[str, Any], seq: int) -> None:
-    transition = entry["transition"]
-    step = transition.get("step")
-    if not isinstance(step, str) or step in outcomes:
+def _record_outcome(outcomes: dict[str, Outcome], snapshot: Snapshot) -> None:
+    transition = snapshot.transition
+    step = transition.step
+    if step is None or step in outcomes:
         return  # the newest outcome of a step wins: the walk goes newest first
-    kind = transition["kind"]
-    if kind == TransitionKind.STEP.value:
-        outcomes[step] = Outcome(step, seq, transition.get("result"), transition.get("result_ref"))
-    elif transition.get("effect_to") == "CONFIRMED":
-        outcomes[step] = Outcome(step, seq, receipt=transition.get("receipt"))
+    if transition.kind is TransitionKind.STEP:
+        outcomes[step] = Outcome(step, snapshot.seq, transition.result, transition.result_ref)
+    elif transition.effect_to is EffectState.CONFIRMED:
+        outcomes[step] = Outcome(step, snapshot.seq, receipt=transition.receipt)
 
 
 def verify_chain(
@@ -155,38 +177,44 @@ def _verify(
     data = _read_snapshot(objects, task_id, head_id, head_seq)
     outcomes: dict[str, Outcome] = {}
     current_id, expected_seq = head_id, head_seq
-    head_entry: dict[str, Any] | None = None
-    child: dict[str, Any] | None = None
+    head: Snapshot | None = None
+    child: Snapshot | None = None
+    clock = ChainClock()
     seen: list[str] = []
     seen_set: set[str] = set()
     while True:
         try:
-            entry = _decode_snapshot_body(task_id, current_id, data)
-            _check_link(task_id, current_id, entry, expected_seq, child)
+            snapshot = _decode_snapshot(task_id, current_id, data)
+            _check_link(task_id, current_id, snapshot, expected_seq, child)
         except ChainError as exc:
             if exc.seq is not None:
                 raise
             raise exc.at_slot(expected_seq) from exc
-        head_entry = head_entry or entry
-        _record_outcome(outcomes, entry, expected_seq)
+        clock = clock.seen(snapshot.seq, snapshot.time_ms)
+        if child is not None:
+            _check_history(task_id, snapshot, child, seen[-1])
+            clock = clock.linked(snapshot.time_ms, child.seq, child.time_ms)
+        head = head or snapshot
+        _record_outcome(outcomes, snapshot)
         seen.append(current_id)
         seen_set.add(current_id)
-        parent = entry["parent"]
-        if expected_seq == 0:
+        parent = snapshot.parent
+        if parent is None:  # sequence 0: _check_link saw to it
             break
         if parent in seen_set:  # unreachable while seq strictly decreases; kept as a guard
             raise ChainError(task_id, f"cycle: {current_id} names {parent} again", object_id=parent)
         data = _read_snapshot(objects, task_id, parent, expected_seq - 1)
-        child, current_id, expected_seq = entry, parent, expected_seq - 1
+        child, current_id, expected_seq = snapshot, parent, expected_seq - 1
     return _finish(
         objects,
         task_id=task_id,
-        head_entry=head_entry,
+        head=head,
         head_id=head_id,
-        root_entry=entry,
+        root_plan=snapshot.plan,
         outcomes=outcomes,
         ids=tuple(seen),
         expected_plan=expected_plan,
+        clock=clock,
     )
 
 
@@ -199,6 +227,14 @@ def _check_head_frame(task_id: str, path: str, data: bytes, seq: int) -> None:
         raise ChainError(
             task_id, f"HEAD slot {seq} is damaged: {exc.reason}", path, seq=seq
         ) from None
+
+
+def _check_history(task_id: str, parent: Snapshot, child: Snapshot, child_id: str) -> None:
+    """The same rules fsck applies (`illegal-transition`): an intact but forged link (an
+    effect back to PLANNED, say) would otherwise make resume send it again."""
+    problems = illegal_changes(parent, child)
+    if problems:
+        raise IllegalHistoryError(task_id, child.seq, child_id, problems)
 
 
 def _check_contiguous(slots: TaskSlots, head_seq: int) -> None:
@@ -231,14 +267,9 @@ _LINK_FIELDS: dict[str, tuple[type, ...]] = {
 
 
 def _check_link(
-    task_id: str, object_id: str, entry: dict[str, Any], seq: int, child: dict[str, Any] | None
+    task_id: str, object_id: str, entry: Snapshot, seq: int, child: Snapshot | None
 ) -> None:
-    for name, types in _LINK_FIELDS.items():
-        if name not in entry or type(entry[name]) not in types:
-            raise ChainError(
-                task_id, f"snapshot {object_id} lacks a valid {name!r} field", object_id=object_id
-            )
-    is_start = entry["transition"].get("kind") == TransitionKind.START.value
+    is_start = entry.transition.kind is TransitionKind.START
     if is_start != (seq == 0):
         raise ChainError(
             task_id,
@@ -246,33 +277,28 @@ def _check_link(
             f"{'a start' if is_start else 'no start'}; only sequence 0 starts a task",
             object_id=object_id,
         )
-    if entry.get("task") != task_id:
+    if entry.task != task_id:
+        raise ChainError(
+            task_id, f"snapshot {object_id} belongs to task {entry.task!r}", object_id=object_id
+        )
+    if entry.seq != seq:
         raise ChainError(
             task_id,
-            f"snapshot {object_id} belongs to task {entry.get('task')!r}",
+            f"snapshot {object_id} has sequence {entry.seq}, expected {seq}",
             object_id=object_id,
         )
-    if entry.get("seq") != seq:
+    if (entry.parent is None) != (seq == 0):
         raise ChainError(
             task_id,
-            f"snapshot {object_id} has sequence {entry.get('seq')}, expected {seq}",
+            f"snapshot {object_id} at sequence {seq} has parent {entry.parent}",
             object_id=object_id,
         )
-    if (entry.get("parent") is None) != (seq == 0):
-        raise ChainError(
-            task_id,
-            f"snapshot {object_id} at sequence {seq} has parent {entry.get('parent')}",
-            object_id=object_id,
-        )
-    if child is not None and entry.get("plan") != child["plan"]:
-        transition = child["transition"]
-        if transition.get("kind") != TransitionKind.OVERRIDE.value or transition.get(
-            "replaced"
-        ) != entry.get("plan"):
+    if child is not None and entry.plan != child.plan:
+        transition = child.transition
+        if transition.kind is not TransitionKind.OVERRIDE or transition.replaced != entry.plan:
             raise ChainError(
                 task_id,
-                f"snapshot {object_id} names plan {entry.get('plan')}, "
-                f"its child names {child['plan']}",
+                f"snapshot {object_id} names plan {entry.plan}, its child names {child.plan}",
                 object_id=object_id,
             )
 
@@ -281,28 +307,25 @@ def _finish(
     objects: ObjectStore,
     *,
     task_id: str,
-    head_entry: dict[str, Any],
+    head: Snapshot | None,
     head_id: str,
-    root_entry: dict[str, Any],
+    root_plan: str,
     outcomes: dict[str, Outcome],
     ids: tuple[str, ...],
     expected_plan: tuple[str, Plan] | None,
+    clock: ChainClock,
 ) -> VerifiedChain:
-    try:
-        head = codec.from_builtins(head_entry, Snapshot)
-    except Exception as exc:
-        raise ChainError(
-            task_id, f"HEAD {head_id} is not a valid snapshot record: {exc}", object_id=head_id
-        ) from exc
+    if head is None:
+        raise ChainError(task_id, "no snapshot was read", object_id=head_id)  # not reached
     if expected_plan is not None and expected_plan[0] == head.plan:
         # The caller's plan has the same digest: verify the stored bytes, skip decoding them.
         _read_plan_bytes(objects, task_id, head.plan)
         plan = expected_plan[1]
     else:
         plan = read_plan(objects, task_id, head.plan)
-    if root_entry["plan"] != head.plan:
-        read_plan(objects, task_id, root_entry["plan"])  # the plan root must verify too
-    return VerifiedChain(task_id, head, head_id, plan, head.plan, root_entry["plan"], outcomes, ids)
+    if root_plan != head.plan:
+        read_plan(objects, task_id, root_plan)  # the plan root must verify too
+    return VerifiedChain(task_id, head, head_id, plan, head.plan, root_plan, outcomes, ids, clock)
 
 
 def _read_plan_bytes(objects: ObjectStore, task_id: str, plan_id: str) -> None:

@@ -22,6 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import castore
 from castore import Action, EffectState
+from castore.effects import CLOCK_TOLERANCE_MS
 
 S = EffectState
 TASK = "machine-1"
@@ -36,7 +37,9 @@ PLAN = castore.Plan.build(
 PLAN_ID = castore.plan_id(PLAN)
 EFFECTS = tuple(step.id for step in PLAN.steps if step.effect)
 KEYS = {step: castore.derive_key(TASK, PLAN_ID, step) for step in EFFECTS}
-RETENTION_S = 60
+RETENTION_S = CLOCK_TOLERANCE_MS // 1000 + 60
+# castore resubmits only within the retention less the clock tolerance (README, clock skew).
+WINDOW_MS = RETENTION_S * 1000 - CLOCK_TOLERANCE_MS
 START_MS = 1_800_000_000_000
 
 
@@ -152,7 +155,7 @@ class EffectMachine(RuleBasedStateMachine):
         assert (S.SUBMITTED, True) == (effect.state, effect.first_ms is not None)
         if self.service.can_lookup:
             return Action.RECONCILE
-        within = self.clock[0] - (effect.first_ms or 0) < RETENTION_S * 1000
+        within = 0 <= self.clock[0] - (effect.first_ms or 0) < WINDOW_MS
         return Action.RESUBMIT if self.service.dedupe and within else Action.MARK_UNRESOLVED
 
     def confirm_in_model(self) -> None:
@@ -193,7 +196,7 @@ class EffectMachine(RuleBasedStateMachine):
         """The worker dies: everything not committed is lost; a new one resumes."""
         self.run = self.store.resume(TASK, PLAN, lock_timeout=None)
 
-    @rule(ms=st.sampled_from([1_000, RETENTION_S * 500, RETENTION_S * 1000 + 1]))
+    @rule(ms=st.sampled_from([1_000, WINDOW_MS // 2, WINDOW_MS + 1, RETENTION_S * 1000 + 1]))
     def time_passes(self, ms: int) -> None:
         self.clock[0] += ms
 

@@ -534,8 +534,10 @@ print("done", flush=True)
 """
 
 # A commit makes three fsyncs: its temp file, the fan-out directory, the chain directory.
-# Resume makes none, so fsync number 7 is the temp file fsync of the child's third commit.
-INJECT_WHEN = 7
+# Resume makes none; a run's first commit syncs the chain directory once first (the HEAD it
+# builds on may not be durable yet), so fsync number 8 is the temp file fsync of the child's
+# third commit.
+INJECT_WHEN = 8
 
 
 def strace_or_skip() -> str:

@@ -25,7 +25,7 @@ from helpers import tree_snapshot
 
 import castore
 from castore import Action, EffectState
-from castore.effects import ALLOWED, check_transition
+from castore.effects import ALLOWED, CLOCK_TOLERANCE_MS, check_transition
 from castore.lab.service import (
     ServiceClient,
     ServiceError,
@@ -38,7 +38,9 @@ from castore.lab.service import (
 TASK = "order-7"
 PLAN = castore.Plan.build("checkout", "prep", castore.effect("pay", "prep"), "after")
 KEY = castore.derive_key(TASK, castore.plan_id(PLAN), "pay")
-RETENTION_S = 60
+# A resubmission window of 60 s: the declared retention less the clock tolerance.
+WINDOW_S = 60
+RETENTION_S = CLOCK_TOLERANCE_MS // 1000 + WINDOW_S
 CHILD_TIMEOUT_S = 60.0
 
 # The crashing worker. Its plan must be PLAN above (a different one would be plan drift).
@@ -185,6 +187,7 @@ def never_send(key: str) -> str:
     raise AssertionError(f"castore sent {key!r} although it must not send")
 
 
+S = EffectState
 IDEMPOTENT = castore.Service("payments", idempotent=True, retention=RETENTION_S)
 NEITHER = castore.Service("payments")
 
@@ -292,7 +295,7 @@ def test_submitted_idempotent_within_retention_is_resubmitted_and_deduplicated(l
     lab.start("idempotent")
     lab.crash("effect.sent", declare="idempotent")
     original = lab.receipt_of(KEY)
-    with lab.store(offset_ms=(RETENTION_S - 5) * 1000).resume(TASK, PLAN) as run:
+    with lab.store(offset_ms=(WINDOW_S - 5) * 1000).resume(TASK, PLAN) as run:
         assert Action.RESUBMIT == run.next_action().action
         assert Action.RESUBMIT == run.settle(IDEMPOTENT).action  # settle never sends
         send = Sender(lab.client)
@@ -306,7 +309,7 @@ def test_submitted_idempotent_after_retention_is_marked_unresolved(lab: Lab) -> 
     """SUBMITTED + idempotent, retention passed → MARK_UNRESOLVED; never resubmitted."""
     lab.start("idempotent")
     lab.crash("effect.sent", declare="idempotent")
-    with lab.store(offset_ms=(RETENTION_S + 1) * 1000).resume(TASK, PLAN) as run:
+    with lab.store(offset_ms=(WINDOW_S + 1) * 1000).resume(TASK, PLAN) as run:
         action = run.next_action()
         assert Action.MARK_UNRESOLVED == action.action
         assert "retention" in action.reason
@@ -540,20 +543,36 @@ def test_effect_step_cannot_be_committed_as_a_plain_step(store: castore.Store) -
         assert EffectState.PLANNED == run.head.effect("pay").state
 
 
-def test_submitting_a_reconcilable_submitted_effect_is_not_ready(store: castore.Store) -> None:
-    """run.effect on a SUBMITTED effect whose next action is RECONCILE: EffectNotReadyError."""
+def test_entering_a_reconcilable_submitted_effect_reconciles_first(store: castore.Store) -> None:
+    """run.effect on a SUBMITTED effect whose next action is RECONCILE reconciles on entry:
+    not found → NOT_DONE → submitted again with the same key (the block runs once more)."""
     service = castore.Service("payments", reconcile=lambda key: castore.NOT_FOUND)
+    keys: list[str] = []
     with _prepared(store) as run:
         with pytest.raises(ConnectionError, match="reset by peer"):
-            _interrupted(run, service, [])
-        with pytest.raises(castore.EffectNotReadyError) as caught:
-            run.effect("pay", service).__enter__()
-        assert "reconcile" == caught.value.next_action
+            _interrupted(run, service, keys)
+        with run.effect("pay", service) as call:
+            assert (KEY, 2) == (call.key, call.attempt)
+            call.confirm("rcpt-1")
+        kinds = [(s.transition.effect_from, s.transition.effect_to) for _, s in store.history(TASK)]
+        assert [
+            (S.SUBMITTED, S.CONFIRMED),
+            (S.NOT_DONE, S.SUBMITTED),
+            (S.SUBMITTED, S.NOT_DONE),
+        ] == (kinds[:3])
+    assert [KEY] == keys
+
+
+def test_entering_a_plain_step_as_an_effect_is_not_ready(store: castore.Store) -> None:
+    """run.effect on a plain step: EffectNotReadyError naming its next action and run.settle."""
+    with store.start(TASK, PLAN) as run, pytest.raises(castore.EffectNotReadyError) as caught:
+        run.effect("prep", NEITHER).__enter__()
+    assert "run" == caught.value.next_action
+    assert "run.settle(service)" in str(caught.value)
 
 
 # -- legal and illegal transitions ----------------------------------------------------------------
 
-S = EffectState
 # PROTOCOL.md's diagram, plus SUBMITTED → SUBMITTED (a resubmission with the same key is
 # committed too, so only the winner of that commit sends it).
 LEGAL = {

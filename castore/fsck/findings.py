@@ -130,7 +130,7 @@ CODES: dict[str, tuple[Severity, str]] = {
     "bad-frontier": (Severity.ERROR, "the frontier or the effect records do not fit the plan"),
     "illegal-transition": (
         Severity.ERROR,
-        "an effect changed state in a way the protocol does not allow",
+        "an effect or the frontier changed in a way the protocol does not allow",
     ),
     "keyless-effect": (
         Severity.ERROR,

@@ -13,7 +13,6 @@ import attrs
 from castore import codec
 from castore.codec import intact_body
 from castore.digest import hash_bytes
-from castore.effects import ALLOWED
 from castore.errors import CastoreError
 from castore.fastdecode import canonical_view, decode_canonical
 from castore.fsck.findings import Finding
@@ -21,6 +20,7 @@ from castore.fsck.named import NamedObjects, PlanShape
 from castore.fsck.objects import check_data, read_with_stat
 from castore.fsck.tree import temp_finding
 from castore.fsio import file_kind, open_directory, read_in
+from castore.history import illegal_changes
 from castore.layout import (
     CHAIN_DIR,
     LOCK_NAME,
@@ -297,7 +297,8 @@ class TaskCheck:
                 bad("broken-link", f"sequence 0 names a parent {snapshot.parent}")
         else:
             parent_id, parent = previous
-            if snapshot.parent != parent_id:
+            linked = snapshot.parent == parent_id
+            if not linked:
                 code = "cycle" if snapshot.parent == snapshot_id else "broken-link"
                 bad(code, f"parent is {snapshot.parent}, slot {seq - 1} holds {parent_id}")
             if snapshot.plan != parent.plan and not (
@@ -307,7 +308,9 @@ class TaskCheck:
                     "plan-changed",
                     f"plan {snapshot.plan} follows {parent.plan} without an override",
                 )
-            for message in effect_changes(parent, snapshot):
+            # A history is judged between a snapshot and its own parent only: across a broken
+            # link every difference would be reported again, as noise.
+            for message in illegal_changes(parent, snapshot) if linked else ():
                 bad("illegal-transition", message)
         self._check_frontier(relpath, snapshot_id, snapshot)
 
@@ -371,12 +374,9 @@ def _decode_snapshot(data: bytes, where: str) -> Snapshot:
     return fast or codec.from_builtins(codec.decode_value(body), Snapshot)
 
 
-_MOVES_AN_EFFECT = (TransitionKind.EFFECT, TransitionKind.RESOLVE)
-
-
 def _links_cleanly(snapshot: Snapshot, previous: tuple[str, Snapshot] | None) -> bool:
     """`snapshot` follows `previous` (id, snapshot) as _check_entry wants: the root starts
-    the task, every other names its parent, keeps its plan and moves effects legally."""
+    the task, every other names its parent, keeps its plan and has a legal history."""
     transition = snapshot.transition
     if previous is None:
         return snapshot.parent is None and transition.kind is TransitionKind.START
@@ -387,33 +387,7 @@ def _links_cleanly(snapshot: Snapshot, previous: tuple[str, Snapshot] | None) ->
         or snapshot.plan != parent.plan
     ):
         return False
-    moves = parent.effects or snapshot.effects or transition.kind in _MOVES_AN_EFFECT
-    return not (moves and effect_changes(parent, snapshot))
-
-
-def effect_changes(parent: Snapshot, child: Snapshot) -> list[str]:
-    """Every effect state change from `parent` to `child` that PROTOCOL.md does not allow."""
-    transition = child.transition
-    moved = transition.step if transition.kind in _MOVES_AN_EFFECT else None
-    if moved is None and parent.effects == child.effects:
-        return []  # the common case: a plain step, no effect changed
-    before = {r.step: r.state for r in parent.effects}
-    after = {r.step: r.state for r in child.effects}
-    problems = []
-    for step in sorted(set(before) | set(after)):
-        old, new = before.get(step), after.get(step)
-        if step == moved:
-            new = new if new is not None else transition.effect_to
-            if transition.effect_from != old:
-                problems.append(
-                    f"{step}: the transition says from {transition.effect_from}, "
-                    f"the parent has {old}"
-                )
-            if old is None or new is None or new not in ALLOWED.get(old, ()):
-                problems.append(f"{step}: {old} -> {new} is not allowed")
-        elif old != new and not (old is None and new is EffectState.PLANNED):
-            problems.append(f"{step}: {old} -> {new} without a transition naming it")
-    return problems
+    return not illegal_changes(parent, snapshot)
 
 
 def _lock_held(path: str) -> bool:

@@ -34,10 +34,13 @@ class _Decision:
 class Service:
     """Mode logic, dedupe and lookup indexes, and fault counters, all under one lock."""
 
-    def __init__(self, ledger: Ledger, mode: str, retention_s: float) -> None:
+    def __init__(
+        self, ledger: Ledger, mode: str, retention_s: float, clock_offset_s: float = 0.0
+    ) -> None:
         self.ledger = ledger
         self.mode = mode
         self.retention_s = retention_s
+        self.clock_offset_s = clock_offset_s  # a service whose clock is off (clock-skew tests)
         self.lock = threading.Lock()
         self.faults = _Faults()
         self.closed = False
@@ -75,7 +78,7 @@ class Service:
         return "answer", 0.0
 
     def _commit(self, key: str, op: str, payload: Any) -> tuple[str, bool]:
-        now = time.time()
+        now = time.time() + self.clock_offset_s
         latest = self._latest.get(key)
         # Wall-clock time, not monotonic: the window must survive a service restart.
         if self.mode == "idempotent" and latest and now - latest["time"] < self.retention_s:

@@ -80,12 +80,15 @@ def start_service(
     mode: str,
     retention_s: float = 86400.0,
     *,
+    clock_offset_s: float = 0.0,
     python: str = sys.executable,
     port: int = 0,
     ready_timeout_s: float = 10.0,
     exit_with_parent: bool = True,
 ) -> ServiceProcess:
-    """Spawn `python -m castore.lab.service` and return once it listens on 127.0.0.1."""
+    """Spawn `python -m castore.lab.service` and return once it listens on 127.0.0.1.
+    `clock_offset_s` sets the service's clock apart from the wall clock (its retention
+    window and ledger times follow it), as for a service on a host with a skewed clock."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     workdir = Path(tempfile.mkdtemp(prefix="castore-service-"))
@@ -100,6 +103,8 @@ def start_service(
         mode,
         "--retention",
         str(retention_s),
+        "--clock-offset",
+        str(clock_offset_s),
         "--port",
         str(port),
         "--ready-file",

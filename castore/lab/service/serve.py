@@ -23,6 +23,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--ledger", required=True, type=Path, help="JSON-lines ledger file")
     parser.add_argument("--mode", required=True, choices=MODES)
     parser.add_argument("--retention", type=float, default=86400.0, help="dedupe window, seconds")
+    parser.add_argument(
+        "--clock-offset", type=float, default=0.0, help="seconds added to the wall clock"
+    )
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--ready-file", type=Path, help="receives the port once listening")
     parser.add_argument("--parent-pid", type=int, help="exit when this parent process is gone")
@@ -54,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    service = Service(Ledger(args.ledger), args.mode, args.retention)
+    service = Service(Ledger(args.ledger), args.mode, args.retention, args.clock_offset)
     server = Server(args.port, service)
     # serve_forever runs in a thread because shutdown() deadlocks if called from its thread.
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
