@@ -9,7 +9,7 @@ import attrs
 from castore import codec
 from castore.effects import Action, NextAction, effect_action
 from castore.errors import CastoreError
-from castore.verify import VerifiedChain
+from castore.verify import VerifiedHead
 
 
 @attrs.frozen
@@ -46,9 +46,9 @@ class TaskStatus:
         return data
 
 
-def frontier_action(chain: VerifiedChain, now_ms: int) -> NextAction:
+def frontier_action(verified: VerifiedHead, now_ms: int) -> NextAction:
     """The task's next action from its HEAD alone (the capabilities recorded at submit)."""
-    head = chain.head
+    head = verified.head
     record = head.effect(head.frontier.step) if head.frontier.step is not None else None
     if record is not None:
         return effect_action(record, now_ms)
@@ -57,9 +57,9 @@ def frontier_action(chain: VerifiedChain, now_ms: int) -> NextAction:
     return NextAction(Action.RUN, head.frontier.step, reason="a plain step")
 
 
-def describe(chain: VerifiedChain, now_ms: int) -> TaskStatus:
-    """The status of a verified task."""
-    head = chain.head
+def describe(verified: VerifiedHead, now_ms: int) -> TaskStatus:
+    """The status of a task from its verified HEAD (all a status shows is recorded there)."""
+    head = verified.head
     effects = tuple(
         EffectStatus(
             step=record.step,
@@ -72,12 +72,12 @@ def describe(chain: VerifiedChain, now_ms: int) -> TaskStatus:
         )
         for record in head.effects
     )
-    action = frontier_action(chain, now_ms)
+    action = frontier_action(verified, now_ms)
     return TaskStatus(
-        task=chain.task,
+        task=verified.task,
         seq=head.seq,
-        head=chain.head_id,
-        plan=chain.plan_id,
+        head=verified.head_id,
+        plan=head.plan,
         step=head.frontier.step,
         finished=head.frontier.step is None and not head.effects,
         updated_ms=head.time_ms,

@@ -133,15 +133,7 @@ def _verify(
     objects: ObjectStore, slots: TaskSlots, expected_plan: tuple[str, Plan] | None
 ) -> VerifiedChain:
     task_id = slots.task_id
-    head_seq = slots.head_seq()
-    if head_seq is None:
-        raise TaskNotFoundError(task_id)
-    try:
-        slot_data = slots.read(head_seq)
-    except (OSError, CastoreError) as exc:
-        raise ChainError(
-            task_id, f"HEAD slot {head_seq} unreadable: {exc}", slots.path(head_seq)
-        ) from exc
+    head_seq, slot_data = _read_head_slot(slots)
     _check_contiguous(slots, head_seq)
     head_id = hash_bytes(slot_data)
     # The slot and the object are one inode; reading the object proves it is published.
@@ -176,6 +168,20 @@ def _verify(
         ids=tuple(seen),
         expected_plan=expected_plan,
     )
+
+
+def _read_head_slot(slots: TaskSlots) -> tuple[int, bytes]:
+    """HEAD's sequence number (§9.4) and the bytes of its slot; TaskNotFoundError without
+    slot 0, ChainError if the slot cannot be read."""
+    head_seq = slots.head_seq()
+    if head_seq is None:
+        raise TaskNotFoundError(slots.task_id)
+    try:
+        return head_seq, slots.read(head_seq)
+    except (OSError, CastoreError) as exc:
+        raise ChainError(
+            slots.task_id, f"HEAD slot {head_seq} unreadable: {exc}", slots.path(head_seq)
+        ) from exc
 
 
 def _check_contiguous(slots: TaskSlots, head_seq: int) -> None:
@@ -265,12 +271,7 @@ def _finish(
     ids: tuple[str, ...],
     expected_plan: tuple[str, Plan] | None,
 ) -> VerifiedChain:
-    try:
-        head = codec.from_builtins(head_entry, Snapshot)
-    except Exception as exc:
-        raise ChainError(
-            task_id, f"HEAD {head_id} is not a valid snapshot record: {exc}", object_id=head_id
-        ) from exc
+    head = _head_record(task_id, head_id, head_entry)
     if expected_plan is not None and expected_plan[0] == head.plan:
         # The caller's plan has the same digest: verify the stored bytes, skip decoding them.
         _read_plan_bytes(objects, task_id, head.plan)
@@ -280,6 +281,15 @@ def _finish(
     if root_entry["plan"] != head.plan:
         read_plan(objects, task_id, root_entry["plan"])  # the plan root must verify too
     return VerifiedChain(task_id, head, head_id, plan, head.plan, root_entry["plan"], outcomes, ids)
+
+
+def _head_record(task_id: str, head_id: str, head_entry: dict[str, Any]) -> Snapshot:
+    try:
+        return codec.from_builtins(head_entry, Snapshot)
+    except Exception as exc:
+        raise ChainError(
+            task_id, f"HEAD {head_id} is not a valid snapshot record: {exc}", object_id=head_id
+        ) from exc
 
 
 def _read_plan_bytes(objects: ObjectStore, task_id: str, plan_id: str) -> None:
@@ -304,3 +314,101 @@ def read_plan(objects: ObjectStore, task_id: str, plan_id: str) -> Plan:
         raise ChainError(
             task_id, f"plan {plan_id} is not a valid plan: {exc}", object_id=plan_id
         ) from exc
+
+
+# -- Reading HEAD alone, and extending a verified HEAD -------------------------------------------
+# status and watch must cost what is new, not the whole history. Both reuse the walk's rules
+# (_read_head_slot, _read_snapshot, _decode_snapshot_body, _check_link, _head_record) rather
+# than restating them; what they do not re-check below HEAD is said in FORMAT.md §11.3.
+
+
+@attrs.frozen
+class VerifiedHead:
+    """A task's HEAD after its own slot, object, frame and link fields were checked: what
+    status and watch judge a task by. Says nothing of the chain below HEAD unless it came
+    from `verified_head(verify_chain(...))` or `extend_head`."""
+
+    task: str
+    head: Snapshot
+    head_id: str
+
+
+def verified_head(chain: VerifiedChain) -> VerifiedHead:
+    """The HEAD of a fully verified chain."""
+    return VerifiedHead(chain.task, chain.head, chain.head_id)
+
+
+def verify_head(objects: ObjectStore, slots: TaskSlots) -> VerifiedHead:
+    """HEAD alone, checked as the full walk checks it, trusting the chain below (no slot
+    listing, no parent read): ChainError if HEAD itself does not verify, UnknownVersionError
+    for a format version this castore does not read, TaskNotFoundError without slot 0."""
+    task_id = slots.task_id
+    try:
+        head_seq, slot_data = _read_head_slot(slots)
+        head_id = hash_bytes(slot_data)
+        # The slot and the object are one inode; reading the object proves it is published.
+        entry = _decode_snapshot_body(
+            task_id, head_id, _read_snapshot(objects, task_id, head_id, head_seq)
+        )
+        _check_link(task_id, head_id, entry, head_seq, None)
+        return VerifiedHead(task_id, _head_record(task_id, head_id, entry), head_id)
+    except FormatVersionError as exc:
+        raise UnknownVersionError(task_id, exc) from exc
+
+
+def extend_head(objects: ObjectStore, slots: TaskSlots, known: VerifiedHead) -> VerifiedHead:
+    """`known` (a HEAD verified down to the plan root earlier) followed by the snapshots
+    committed since, each checked as the full walk checks it, reading only those. Whatever
+    does not fit (HEAD moved back, the remembered slot changed, a new slot missing, any
+    check failing) is decided by the full `verify_chain`, which raises if the chain is broken.
+    Damage below the remembered HEAD that leaves its slot intact is left to a full check."""
+    try:
+        extended = _extend(objects, slots, known)
+    except (CastoreError, OSError):
+        extended = None  # the full walk decides, and names the damage if there is any
+    return extended or verified_head(verify_chain(objects, slots))
+
+
+def check_walked_link(
+    task_id: str, object_id: str, entry: dict[str, Any], seq: int, child: dict[str, Any] | None
+) -> None:
+    """Every rule for one link (`entry` at `seq`, and the snapshot after it) that the
+    extension applies: the one hook where a rule the full walk gains is added for it too."""
+    _check_link(task_id, object_id, entry, seq, child)
+
+
+def _extend(objects: ObjectStore, slots: TaskSlots, known: VerifiedHead) -> VerifiedHead | None:
+    task_id, known_seq = slots.task_id, known.head.seq
+    head_seq, slot_data = _read_head_slot(slots)
+    if head_seq < known_seq:
+        return None
+    # The cheap check that the chain below is still the one verified: the remembered HEAD's
+    # slot still holds the remembered snapshot (its object is read with the full walk).
+    known_data = slots.read(known_seq)
+    if hash_bytes(known_data) != known.head_id:
+        return None
+    if head_seq == known_seq:
+        return known
+    if not all(slots.exists(seq) for seq in range(known_seq + 1, head_seq)):
+        return None  # a gap among the new slots: the full walk's contiguity check names it
+    head_id = hash_bytes(slot_data)
+    data = _read_snapshot(objects, task_id, head_id, head_seq)
+    current_id, seq, child = head_id, head_seq, None
+    head_entry: dict[str, Any] | None = None
+    while True:  # from the new HEAD down to the oldest new snapshot, as the full walk goes
+        entry = _decode_snapshot_body(task_id, current_id, data)
+        check_walked_link(task_id, current_id, entry, seq, child)
+        head_entry = head_entry or entry
+        if seq == known_seq + 1:
+            break
+        data = _read_snapshot(objects, task_id, entry["parent"], seq - 1)
+        current_id, seq, child = entry["parent"], seq - 1, entry
+    if entry["parent"] != known.head_id:
+        return None  # another history than the one verified: the full walk decides
+    # The link from the remembered HEAD to its first successor, checked as the walk checks it.
+    known_entry = _decode_snapshot_body(task_id, known.head_id, known_data)
+    check_walked_link(task_id, known.head_id, known_entry, known_seq, entry)
+    head = _head_record(task_id, head_id, head_entry)
+    if head.plan != known.head.plan:
+        read_plan(objects, task_id, head.plan)  # an override names a plan not verified yet
+    return VerifiedHead(task_id, head, head_id)
