@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import os
 
-from castore import crashpoints, fsio
+from castore import crashpoints, fsio, layout
 from castore.digest import hash_bytes
 from castore.errors import CommitUncertainError, ConflictError, DurabilityError
-from castore.layout import Layout, parse_slot_name, slot_name
+from castore.layout import Layout, parse_slot_name
 from castore.objects import ObjectStore
 
 
@@ -28,7 +28,7 @@ class TaskSlots:
 
     def path(self, seq: int) -> str:
         # HEAD lookup builds 2 log n of these: from the directory, not by re-encoding the id.
-        return f"{self.directory}{os.sep}{slot_name(seq)}"
+        return f"{self.directory}{os.sep}{layout.slot_name(seq)}"
 
     def exists(self, seq: int) -> bool:
         try:
@@ -63,8 +63,7 @@ class TaskSlots:
         return sorted(found)
 
     def read(self, seq: int) -> bytes:
-        # One read() when the size fstat gives is the size there is: a slot never changes.
-        return fsio.read_regular_with_stat(self.path(seq))[0]
+        return fsio.read_regular(self.path(seq))
 
     def commit(self, data: bytes, seq: int, expected_parent: str) -> str:
         """Publish snapshot bytes as an object, then claim slot `seq` for it: the commit point.
