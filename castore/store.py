@@ -287,9 +287,9 @@ class Store:
 
     def _slots(self, task_id: str) -> TaskSlots:
         slots = TaskSlots(self.layout, self.objects, task_id)
-        for directory in (self.layout.task_dir(task_id), slots.directory):
-            if os.path.lexists(directory):
-                fsio.require_real_directory(directory)
+        # One lstat each (status calls this per task): absent is fine, a symlink is refused.
+        for directory in (os.path.dirname(slots.directory), slots.directory):
+            fsio.require_real_directory(directory)
         return slots
 
     @contextlib.contextmanager

@@ -16,6 +16,7 @@ from castore.errors import (
     TaskNotFoundError,
     UnknownVersionError,
 )
+from castore.fastdecode import decode_canonical
 from castore.layout import missing_seqs, validate_object_id
 from castore.objects import ObjectStore
 from castore.records import Plan, Snapshot, TransitionKind
@@ -283,7 +284,15 @@ def _finish(
     return VerifiedChain(task_id, head, head_id, plan, head.plan, root_entry["plan"], outcomes, ids)
 
 
-def _head_record(task_id: str, head_id: str, head_entry: dict[str, Any]) -> Snapshot:
+def _head_record(
+    task_id: str, head_id: str, head_entry: dict[str, Any], data: bytes | None = None
+) -> Snapshot:
+    if data is not None:
+        # A canonical body (what writers write) decodes straight into the record, in C; the
+        # strict conversion below decides otherwise, with its error message.
+        fast = decode_canonical(codec.unframe(data, head_id)[1], Snapshot)
+        if fast is not None:
+            return fast
     try:
         return codec.from_builtins(head_entry, Snapshot)
     except Exception as exc:
@@ -347,11 +356,10 @@ def verify_head(objects: ObjectStore, slots: TaskSlots) -> VerifiedHead:
         head_seq, slot_data = _read_head_slot(slots)
         head_id = hash_bytes(slot_data)
         # The slot and the object are one inode; reading the object proves it is published.
-        entry = _decode_snapshot_body(
-            task_id, head_id, _read_snapshot(objects, task_id, head_id, head_seq)
-        )
+        data = _read_snapshot(objects, task_id, head_id, head_seq)
+        entry = _decode_snapshot_body(task_id, head_id, data)
         _check_link(task_id, head_id, entry, head_seq, None)
-        return VerifiedHead(task_id, _head_record(task_id, head_id, entry), head_id)
+        return VerifiedHead(task_id, _head_record(task_id, head_id, entry, data), head_id)
     except FormatVersionError as exc:
         raise UnknownVersionError(task_id, exc) from exc
 
