@@ -400,7 +400,7 @@ def _extend(objects: ObjectStore, slots: TaskSlots, known: VerifiedHead) -> Veri
     if not all(slots.exists(seq) for seq in range(known_seq + 1, head_seq)):
         return None  # a gap among the new slots: the full walk's contiguity check names it
     head_id = hash_bytes(slot_data)
-    data = _read_snapshot(objects, task_id, head_id, head_seq)
+    data = head_data = _read_snapshot(objects, task_id, head_id, head_seq)
     current_id, seq, child = head_id, head_seq, None
     head_entry: dict[str, Any] | None = None
     while True:  # from the new HEAD down to the oldest new snapshot, as the full walk goes
@@ -416,7 +416,7 @@ def _extend(objects: ObjectStore, slots: TaskSlots, known: VerifiedHead) -> Veri
     # The link from the remembered HEAD to its first successor, checked as the walk checks it.
     known_entry = _decode_snapshot_body(task_id, known.head_id, known_data)
     check_walked_link(task_id, known.head_id, known_entry, known_seq, entry)
-    head = _head_record(task_id, head_id, head_entry)
+    head = _head_record(task_id, head_id, head_entry, head_data)
     if head.plan != known.head.plan:
         read_plan(objects, task_id, head.plan)  # an override names a plan not verified yet
     return VerifiedHead(task_id, head, head_id)

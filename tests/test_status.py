@@ -13,8 +13,10 @@ import pytest
 from helpers import cli, flip_bit, rewrite
 
 import castore
+from castore.errors import ChainError
 from castore.objects import ObjectStore
 from castore.refs import TaskSlots
+from castore.verify import extend_head, verified_head
 
 PLAN = castore.Plan.build("plain", *(f"s{i}" for i in range(8)))
 TASK = "long-1"
@@ -122,3 +124,35 @@ def test_a_head_from_another_task_or_sequence_is_reported_broken(store: castore.
     os.unlink(head)
     os.link(store.objects.path(ids[5]), head)
     assert "has sequence 5, expected 6" in str(store.status(TASK).error)
+
+
+def test_extending_a_verified_head_agrees_with_the_full_walk_across_an_override(
+    store: castore.Store, reads: list[str]
+) -> None:
+    """extend_head after commits and a plan override gives the HEAD the full walk gives,
+    reading the new snapshots and the new plan, and nothing older than the remembered HEAD."""
+    ids = make_task(store, steps=3)
+    slots = store._slots(TASK)
+    known = verified_head(store.verify(TASK))
+    renamed = castore.Plan.build("plain", *(f"s{i}" for i in range(4)), "t4", "t5")
+    override_id = store.override(TASK, who="ops", why="steps renamed", plan=renamed)
+    reads.clear()
+    extended = extend_head(store.objects, slots, known)
+    extension_reads = list(reads)
+    assert verified_head(store.verify(TASK)) == extended
+    assert (override_id, castore.plan_id(renamed)) == (extended.head_id, extended.head.plan)
+    assert set() == set(ids[:3]) & set(extension_reads)
+    assert castore.plan_id(renamed) in extension_reads
+
+
+def test_a_foreign_new_slot_makes_the_extension_defer_to_the_full_walk(
+    store: castore.Store,
+) -> None:
+    """A slot after the remembered HEAD that holds another task's snapshot is not accepted:
+    the full walk decides, and raises ChainError naming the other task."""
+    make_task(store, steps=3)
+    other = make_task(store, "other-1", steps=4)
+    known = verified_head(store.verify(TASK))
+    os.link(store.objects.path(other[4]), store.layout.slot_path(TASK, 4))
+    with pytest.raises(ChainError, match="other-1"):
+        extend_head(store.objects, store._slots(TASK), known)

@@ -1,7 +1,7 @@
 """Benchmark what a long history costs: verified resume, status, watch, bytes and inodes per step.
 
     python tools/bench_history.py [--rounds 3] [--dir PATH] [--quick] [--with-1m]
-        [--only resume,disk,watch,status,langgraph] [--watch-lengths 1000,10000]
+        [--only resume,disk,watch,status,langgraph] [--watch-lengths 1000,10000] [--watch-pace S]
 
 Builds its stores itself, with fsync switched off while building (reads are measured here, not
 durability). Baselines from the same run, when the `bench` extra is installed: LangGraph's
@@ -151,8 +151,10 @@ def settled_cpu(pid: int, quiet_s: float = 0.5, limit_s: float = 30.0) -> float:
     return last
 
 
-def watch_cpu_ms_per_commit(root: str, steps: int, commits: int) -> float:
-    """CPU a real `castore watch` spends per commit while one agent appends to a long chain."""
+def watch_cpu_ms_per_commit(root: str, steps: int, commits: int, pace: float = 0.0) -> float:
+    """CPU a real `castore watch` spends per commit while one agent appends to a long chain,
+    one commit every `pace` seconds (0: as fast as it can, so the watcher's debounce folds
+    several commits into one check; a pace above the debounce makes each commit its own)."""
     store = Store.open(root)
     task = "watched"
     plan = plan_of(steps + commits)
@@ -174,6 +176,7 @@ def watch_cpu_ms_per_commit(root: str, steps: int, commits: int) -> float:
                 step = run.next_step
                 assert step is not None
                 run.commit_step(step, payload(run.head.seq))
+                time.sleep(pace)
         # The watcher's full rescan (every 30 s by default) costs the whole history: a window
         # longer than that includes one, and the figure is then no longer per commit alone.
         window = time.monotonic() - started
@@ -272,7 +275,7 @@ def measure(base: str, args: argparse.Namespace) -> dict[str, float]:
         for length in args.watch_lengths:
             root = os.path.join(base, f"watch-{length}")
             Store.init(root)
-            per_commit = watch_cpu_ms_per_commit(root, length // scale, 200)
+            per_commit = watch_cpu_ms_per_commit(root, length // scale, 200, args.watch_pace)
             results[f"watch_cpu_ms_per_commit_{size_label(length)}"] = per_commit
             shutil.rmtree(root)
 
@@ -337,6 +340,12 @@ def main() -> int:
         type=csv_of(int),
         default=[1000, 10_000],
         help="chain lengths at which to measure watch CPU per commit (default: 1000,10000)",
+    )
+    parser.add_argument(
+        "--watch-pace",
+        type=float,
+        default=0.0,
+        help="seconds between the watched agent's commits (default 0: as fast as it can)",
     )
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
