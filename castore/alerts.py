@@ -13,7 +13,7 @@ import attrs
 
 from castore.effects import effect_action
 from castore.records import EffectRecord, EffectState
-from castore.verify import VerifiedChain
+from castore.verify import VerifiedHead
 
 __all__ = [
     "EFFECT_KINDS",
@@ -183,17 +183,18 @@ def broken(task: str, error: str) -> Reading:
 
 
 def read_chain(
-    chain: VerifiedChain, now: float, stuck_after: float, retention_warning: float
+    verified: VerifiedHead, now: float, stuck_after: float, retention_warning: float
 ) -> Reading:
-    """Every condition a verified task is in at `now` (epoch seconds)."""
+    """Every condition a verified task is in at `now` (epoch seconds), from its HEAD."""
+    task, head = verified.task, verified.head
     conditions: dict[Ident, Condition] = {}
     upcoming: list[float] = []
-    for record in chain.head.effects:
-        found, next_at = effect_conditions(chain.task, record, now, stuck_after, retention_warning)
+    for record in head.effects:
+        found, next_at = effect_conditions(task, record, now, stuck_after, retention_warning)
         conditions.update((c.ident, c) for c in found)
         upcoming.extend([] if next_at is None else [next_at])
-    effects = {record.step: record for record in chain.head.effects}
-    return Reading(chain.task, conditions, TASK_KINDS, effects, min(upcoming, default=None))
+    effects = {record.step: record for record in head.effects}
+    return Reading(task, conditions, TASK_KINDS, effects, min(upcoming, default=None))
 
 
 def gone(task: str) -> Reading:

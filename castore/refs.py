@@ -20,7 +20,7 @@ import errno
 import os
 from collections.abc import Iterable
 
-from castore import crashpoints, fsio
+from castore import crashpoints, fsio, layout
 from castore.digest import hash_bytes
 from castore.errors import CommitUncertainError, ConflictError, DurabilityError, ObjectMissingError
 from castore.layout import Layout, parse_slot_name
@@ -41,7 +41,8 @@ class TaskSlots:
         self._objects = objects
 
     def path(self, seq: int) -> str:
-        return self._layout.slot_path(self.task_id, seq)
+        # HEAD lookup builds 2 log n of these: from the directory, not by re-encoding the id.
+        return f"{self.directory}{os.sep}{layout.slot_name(seq)}"
 
     def exists(self, seq: int) -> bool:
         return fsio.exists(self.path(seq))

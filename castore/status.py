@@ -9,7 +9,7 @@ import attrs
 from castore import codec
 from castore.effects import Action, NextAction, effect_action
 from castore.errors import CastoreError
-from castore.verify import VerifiedChain
+from castore.verify import VerifiedHead
 
 
 @attrs.frozen
@@ -46,20 +46,20 @@ class TaskStatus:
         return data
 
 
-def frontier_action(chain: VerifiedChain, now_ms: int) -> NextAction:
+def frontier_action(verified: VerifiedHead, now_ms: int) -> NextAction:
     """The task's next action from its HEAD alone (the capabilities recorded at submit)."""
-    head = chain.head
+    head = verified.head
     record = head.effect(head.frontier.step) if head.frontier.step is not None else None
     if record is not None:
-        return effect_action(record, now_ms, chain.clock)
+        return effect_action(record, now_ms, verified.clock)
     if head.frontier.step is None:
         return NextAction(Action.DONE, None, reason="every step is finished")
     return NextAction(Action.RUN, head.frontier.step, reason="a plain step")
 
 
-def describe(chain: VerifiedChain, now_ms: int) -> TaskStatus:
-    """The status of a verified task."""
-    head = chain.head
+def describe(verified: VerifiedHead, now_ms: int) -> TaskStatus:
+    """The status of a task from its verified HEAD (all a status shows is recorded there)."""
+    head = verified.head
     effects = tuple(
         EffectStatus(
             step=record.step,
@@ -67,17 +67,17 @@ def describe(chain: VerifiedChain, now_ms: int) -> TaskStatus:
             state=record.state.value,
             age_s=max(0.0, (now_ms - record.since_ms) / 1000),
             attempts=record.attempts,
-            next_action=(action := effect_action(record, now_ms, chain.clock)).action.value,
+            next_action=(action := effect_action(record, now_ms, verified.clock)).action.value,
             reason=action.reason,
         )
         for record in head.effects
     )
-    action = frontier_action(chain, now_ms)
+    action = frontier_action(verified, now_ms)
     return TaskStatus(
-        task=chain.task,
+        task=verified.task,
         seq=head.seq,
-        head=chain.head_id,
-        plan=chain.plan_id,
+        head=verified.head_id,
+        plan=head.plan,
         step=head.frontier.step,
         finished=head.frontier.step is None and not head.effects,
         updated_ms=head.time_ms,

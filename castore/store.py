@@ -41,7 +41,13 @@ from castore.run import (
 )
 from castore.status import TaskStatus
 from castore.tasklock import TaskLock
-from castore.verify import VerifiedChain, decode_snapshot, verify_chain
+from castore.verify import (
+    VerifiedChain,
+    decode_snapshot,
+    verified_head,
+    verify_chain,
+    verify_head,
+)
 
 MARKER = storeinit.MARKER
 DEFAULT_LOCK_TIMEOUT = 10.0
@@ -285,13 +291,18 @@ class Store:
         with self._decision_run(task_id, keep_env=env is None, env=env) as run:
             return resolution.override(run, plan, new_plan_id, who=who, why=why)
 
-    def status(self, task_id: str) -> TaskStatus:
-        """Where a task stands (a broken chain is reported in `.error`, not raised)."""
+    def status(self, task_id: str, *, verify: bool = False) -> TaskStatus:
+        """Where a task stands, from its HEAD alone, trusting the chain below it (a HEAD that
+        does not verify is reported in `.error`, not raised). `verify=True` checks the whole
+        chain first, as a resume does, and reports any damage in it the same way."""
         try:
-            chain = self.verify(task_id)
+            if verify:
+                head = verified_head(self.verify(task_id))
+            else:
+                head = verify_head(self.objects, self._slots(task_id))
         except (IntegrityError, FormatVersionError) as exc:  # a planted file included
             return status.broken(task_id, exc)
-        return status.describe(chain, self._clock())
+        return status.describe(head, self._clock())
 
     def _decision_run(self, task_id: str, *, keep_env: bool, env: EnvSource = None) -> Run:
         """A run for recording a person's decision: the chain must verify, the drift checks
@@ -354,9 +365,9 @@ class Store:
 
     def _slots(self, task_id: str) -> TaskSlots:
         slots = TaskSlots(self.layout, self.objects, task_id)
-        for directory in (self.layout.task_dir(task_id), slots.directory):
-            if os.path.lexists(directory):
-                fsio.require_real_directory(directory)
+        # One lstat each (status calls this per task): absent is fine, a symlink is refused.
+        for directory in (os.path.dirname(slots.directory), slots.directory):
+            fsio.require_real_directory(directory)
         return slots
 
     @contextlib.contextmanager

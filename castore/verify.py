@@ -159,18 +159,7 @@ def _verify(
     objects: ObjectStore, slots: TaskSlots, expected_plan: tuple[str, Plan] | None
 ) -> VerifiedChain:
     task_id = slots.task_id
-    head_seq = slots.head_seq()
-    if head_seq is None:
-        raise TaskNotFoundError(task_id)
-    try:
-        slot_data = slots.read(head_seq)
-    except StoreIOError:
-        raise  # the system could not read it: not a broken chain (and no backup to restore)
-    except (OSError, CastoreError) as exc:
-        raise ChainError(
-            task_id, f"HEAD slot {head_seq} unreadable: {exc}", slots.path(head_seq), seq=head_seq
-        ) from exc
-    _check_head_frame(task_id, slots.path(head_seq), slot_data, head_seq)
+    head_seq, slot_data = _read_head_slot(slots)
     _check_contiguous(slots, head_seq)
     head_id = hash_bytes(slot_data)
     # The slot and the object are one inode; reading the object proves it is published.
@@ -235,6 +224,27 @@ def _check_history(task_id: str, parent: Snapshot, child: Snapshot, child_id: st
     problems = illegal_changes(parent, child)
     if problems:
         raise IllegalHistoryError(task_id, child.seq, child_id, problems)
+
+
+def _read_head_slot(slots: TaskSlots) -> tuple[int, bytes]:
+    """HEAD's sequence number (§9.4) and the bytes of its slot; TaskNotFoundError without
+    slot 0, ChainError if the slot cannot be read or is not a whole object."""
+    head_seq = slots.head_seq()
+    if head_seq is None:
+        raise TaskNotFoundError(slots.task_id)
+    try:
+        slot_data = slots.read(head_seq)
+    except StoreIOError:
+        raise  # the system could not read it: not a broken chain (and no backup to restore)
+    except (OSError, CastoreError) as exc:
+        raise ChainError(
+            slots.task_id,
+            f"HEAD slot {head_seq} unreadable: {exc}",
+            slots.path(head_seq),
+            seq=head_seq,
+        ) from exc
+    _check_head_frame(slots.task_id, slots.path(head_seq), slot_data, head_seq)
+    return head_seq, slot_data
 
 
 def _check_contiguous(slots: TaskSlots, head_seq: int) -> None:
@@ -328,6 +338,23 @@ def _finish(
     return VerifiedChain(task_id, head, head_id, plan, head.plan, root_plan, outcomes, ids, clock)
 
 
+def _head_record(
+    task_id: str, head_id: str, head_entry: dict[str, Any], data: bytes | None = None
+) -> Snapshot:
+    if data is not None:
+        # A canonical body (what writers write) decodes straight into the record, in C; the
+        # strict conversion below decides otherwise, with its error message.
+        fast = decode_canonical(codec.unframe(data, head_id)[1], Snapshot)
+        if fast is not None:
+            return fast
+    try:
+        return codec.from_builtins(head_entry, Snapshot)
+    except Exception as exc:
+        raise ChainError(
+            task_id, f"HEAD {head_id} is not a valid snapshot record: {exc}", object_id=head_id
+        ) from exc
+
+
 def _read_plan_bytes(objects: ObjectStore, task_id: str, plan_id: str) -> None:
     try:
         objects.get(plan_id, "plan")
@@ -350,3 +377,117 @@ def read_plan(objects: ObjectStore, task_id: str, plan_id: str) -> Plan:
         raise ChainError(
             task_id, f"plan {plan_id} is not a valid plan: {exc}", object_id=plan_id
         ) from exc
+
+
+# -- Reading HEAD alone, and extending a verified HEAD -------------------------------------------
+# status and watch must cost what is new, not the whole history. Both reuse the walk's rules
+# (_read_head_slot, _read_snapshot, _decode_snapshot_body, _check_link, _head_record) rather
+# than restating them; what they do not re-check below HEAD is said in FORMAT.md §11.3.
+
+
+@attrs.frozen
+class VerifiedHead:
+    """A task's HEAD after its own slot, object, frame and link fields were checked: what
+    status and watch judge a task by. Says nothing of the chain below HEAD unless it came
+    from `verified_head(verify_chain(...))` or `extend_head`; `clock` is what the snapshots
+    read so far say of the writers' clocks (effects.clock_doubt)."""
+
+    task: str
+    head: Snapshot
+    head_id: str
+    clock: ChainClock = attrs.field(factory=ChainClock)
+
+
+def verified_head(chain: VerifiedChain) -> VerifiedHead:
+    """The HEAD of a fully verified chain."""
+    return VerifiedHead(chain.task, chain.head, chain.head_id, chain.clock)
+
+
+def verify_head(objects: ObjectStore, slots: TaskSlots) -> VerifiedHead:
+    """HEAD alone, checked as the full walk checks it, trusting the chain below (no slot
+    listing, no parent read): ChainError if HEAD itself does not verify, UnknownVersionError
+    for a format version this castore does not read, TaskNotFoundError without slot 0."""
+    task_id = slots.task_id
+    try:
+        head_seq, slot_data = _read_head_slot(slots)
+        head_id = hash_bytes(slot_data)
+        # The slot and the object are one inode; reading the object proves it is published.
+        data = _read_snapshot(objects, task_id, head_id, head_seq)
+        head = _decode_snapshot(task_id, head_id, data)
+        _check_link(task_id, head_id, head, head_seq, None)
+        return VerifiedHead(task_id, head, head_id, ChainClock().seen(head.seq, head.time_ms))
+    except FormatVersionError as exc:
+        raise UnknownVersionError(task_id, exc) from exc
+
+
+def extend_head(objects: ObjectStore, slots: TaskSlots, known: VerifiedHead) -> VerifiedHead:
+    """`known` (a HEAD verified down to the plan root earlier) followed by the snapshots
+    committed since, each checked as the full walk checks it, reading only those. Whatever
+    does not fit (HEAD moved back, the remembered slot changed, a new slot missing, any
+    check failing) is decided by the full `verify_chain`, which raises if the chain is broken.
+    Damage below the remembered HEAD that leaves its slot intact is left to a full check."""
+    try:
+        extended = _extend(objects, slots, known)
+    except (CastoreError, OSError):
+        extended = None  # the full walk decides, and names the damage if there is any
+    return extended or verified_head(verify_chain(objects, slots))
+
+
+def check_walked_link(
+    task_id: str,
+    object_id: str,
+    snapshot: Snapshot,
+    seq: int,
+    child: tuple[str, Snapshot] | None,
+    *,
+    clock: ChainClock,
+) -> ChainClock:
+    """Every rule for one link (`snapshot` at `seq`, and the (id, snapshot) after it) that
+    the extension applies, as the full walk applies them; the clock with this link seen."""
+    _check_link(task_id, object_id, snapshot, seq, child[1] if child else None)
+    clock = clock.seen(snapshot.seq, snapshot.time_ms)
+    if child is not None:
+        _check_history(task_id, snapshot, child[1], child[0])
+        clock = clock.linked(snapshot.time_ms, child[1].seq, child[1].time_ms)
+    return clock
+
+
+def _extend(objects: ObjectStore, slots: TaskSlots, known: VerifiedHead) -> VerifiedHead | None:
+    task_id, known_seq = slots.task_id, known.head.seq
+    head_seq, slot_data = _read_head_slot(slots)
+    if head_seq < known_seq:
+        return None
+    # The cheap check that the chain below is still the one verified: the remembered HEAD's
+    # slot still holds the remembered snapshot (its object is read with the full walk).
+    known_data = slots.read(known_seq)
+    if hash_bytes(known_data) != known.head_id:
+        return None
+    if head_seq == known_seq:
+        return known
+    if not all(slots.exists(seq) for seq in range(known_seq + 1, head_seq)):
+        return None  # a gap among the new slots: the full walk's contiguity check names it
+    head_id = hash_bytes(slot_data)
+    data = _read_snapshot(objects, task_id, head_id, head_seq)
+    current_id, seq = head_id, head_seq
+    child: tuple[str, Snapshot] | None = None
+    head: Snapshot | None = None
+    clock = known.clock
+    while True:  # from the new HEAD down to the oldest new snapshot, as the full walk goes
+        snapshot = _decode_snapshot(task_id, current_id, data)
+        clock = check_walked_link(task_id, current_id, snapshot, seq, child, clock=clock)
+        head = head or snapshot
+        if seq == known_seq + 1:
+            break
+        # _check_link saw that a snapshot past sequence 0 names a parent.
+        data = _read_snapshot(objects, task_id, snapshot.parent, seq - 1)
+        child = (current_id, snapshot)
+        current_id, seq = str(snapshot.parent), seq - 1
+    if snapshot.parent != known.head_id:
+        return None  # another history than the one verified: the full walk decides
+    # The link from the remembered HEAD to its first successor, checked as the walk checks it.
+    clock = check_walked_link(
+        task_id, known.head_id, known.head, known_seq, (current_id, snapshot), clock=clock
+    )
+    if head.plan != known.head.plan:
+        read_plan(objects, task_id, head.plan)  # an override names a plan not verified yet
+    return VerifiedHead(task_id, head, head_id, clock)

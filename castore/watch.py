@@ -4,8 +4,10 @@ A `Watcher` follows a store's commits and calls `on_alert` once when a condition
 (`raised`) and once when it ends (`cleared`): an effect UNRESOLVED, SUBMITTED for too long,
 near or past its service's idempotency retention, a chain that no longer verifies, or the
 filesystem observer itself dying. Filesystem events are only hints: each one makes the
-watcher re-read and verify the task it names, and a periodic rescan catches whatever the
-events missed (a dropped inotify queue, another host's write on a network filesystem).
+watcher re-read the task it names and verify the snapshots committed since the HEAD it last
+verified (verify.extend_head, which falls back to the full walk when anything does not fit),
+and a periodic rescan verifies every chain in full, catching whatever the events missed (a
+dropped inotify queue, another host's write on a network filesystem, damage below HEAD).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from castore.errors import (
 )
 from castore.observer import TasksObserver
 from castore.store import Store
-from castore.verify import VerifiedChain
+from castore.verify import VerifiedHead, extend_head, verified_head
 
 __all__ = ["Alert", "Watcher"]
 
@@ -79,6 +81,9 @@ class Watcher:
         self._lock = threading.RLock()  # the conditions, the observer, and delivery order
         self._active: dict[str | None, dict[Ident, Alert]] = {}  # raised, by task
         self._wake_at: dict[str, float] = {}
+        # Each task's HEAD as last verified down to its plan root: an event then costs the
+        # snapshots committed since, not the whole chain.
+        self._known: dict[str, VerifiedHead] = {}
         self._hint_lock = threading.Lock()  # the only lock an observer thread ever takes
         self._hinted: set[str] = set()
         self._hinted_all = False
@@ -140,7 +145,8 @@ class Watcher:
 
     # -- scanning ----------------------------------------------------------------------------
     def check_now(self) -> None:
-        """Re-read and verify every task now and alert on what changed (the periodic rescan)."""
+        """Re-read and verify every task's whole chain now and alert on what changed (the
+        periodic rescan)."""
         self._scan(interruptible=False)
 
     def _scan(self, *, interruptible: bool) -> None:
@@ -156,9 +162,10 @@ class Watcher:
             for task in tasks:
                 if interruptible and self._stopping.is_set():
                     return
-                self._refresh(task)
+                self._refresh(task, full=True)
             known = {task for task in self._active if task is not None}
-            for task in (known | set(self._wake_at)) - set(tasks):
+            for task in (known | set(self._wake_at) | set(self._known)) - set(tasks):
+                self._known.pop(task, None)
                 self._apply(gone(task))
 
     def _refresh_all(self, tasks: Iterable[str]) -> None:
@@ -166,36 +173,46 @@ class Watcher:
             for task in tasks:
                 self._refresh(task)
 
-    def _refresh(self, task: str) -> None:
+    def _refresh(self, task: str, *, full: bool = False) -> None:
         # Set again by a reading with a deadline; a task that cannot be read must not stay
         # due and be retried on every tick (the rescan retries it).
         self._wake_at.pop(task, None)
-        reading = self._read(task)
+        reading = self._read(task, full)
         if reading is not None:
             self._apply(reading)
 
-    def _read(self, task: str) -> Reading | None:
-        """Re-read and verify one task; None when it cannot be read right now."""
+    def _read(self, task: str, full: bool) -> Reading | None:
+        """Re-read and verify one task (its whole chain if `full`, else what was committed
+        since its last verified HEAD); None when it cannot be read right now."""
+        # Forgotten first: a task that turns out broken or gone is verified in full next time.
+        known = self._known.pop(task, None)
         try:
-            chain = self._verify(task)
+            head = self._verify(task, None if full else known)
         except (IntegrityError, FormatVersionError) as exc:
             return broken(task, str(exc))
         except TaskNotFoundError:
             return self._without_head(task)
         except OSError as exc:
             log.warning("cannot read task %r (%s); retrying later", task, exc)
+            if known is not None:
+                self._known[task] = known  # nothing was judged: what was verified still is
             return None
         except CastoreError as exc:  # anything else that keeps the chain from verifying
             return broken(task, str(exc))
-        return read_chain(chain, self._clock(), self._stuck_after, self._retention_warning)
+        self._known[task] = head
+        return read_chain(head, self._clock(), self._stuck_after, self._retention_warning)
 
-    def _verify(self, task: str) -> VerifiedChain:
+    def _verify(self, task: str, known: VerifiedHead | None) -> VerifiedHead:
         """Verify twice before calling a chain broken: a walk racing a commit on a network
-        filesystem may see a directory listing and a slot that disagree for a moment."""
+        filesystem may see a directory listing and a slot that disagree for a moment. The
+        second try is always a full walk."""
         try:
-            return self._store.verify(task)
+            if known is None:
+                return verified_head(self._store.verify(task))
+            # Store._slots refuses a task or chain directory that is a symlink, as verify does.
+            return extend_head(self._store.objects, self._store._slots(task), known)
         except IntegrityError:
-            return self._store.verify(task)
+            return verified_head(self._store.verify(task))
 
     def _without_head(self, task: str) -> Reading:
         """No slot 0: a task being created or removed, unless later slots exist (damage)."""

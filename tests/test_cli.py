@@ -319,15 +319,19 @@ def test_status_filters_by_glob_open_and_unresolved(
         assert [f"no matching tasks in {store.root}"] == lines
 
 
+@pytest.mark.parametrize(
+    ("slot", "flags"), [(2, ()), (1, ("--verify",))], ids=["head", "below-head-verify"]
+)
 def test_status_shows_a_broken_task_whatever_the_filter(
-    store: castore.Store, capsys: pytest.CaptureFixture[str]
+    store: castore.Store, capsys: pytest.CaptureFixture[str], slot: int, flags: tuple[str, ...]
 ) -> None:
-    """A task whose chain does not verify is listed by --open and --unresolved (its effects
-    cannot be known), counted as broken, and status exits 3."""
+    """A task whose HEAD does not verify (or, with --verify, any snapshot of its chain) is
+    listed by --open and --unresolved (its effects cannot be known), counted as broken, and
+    status exits 3."""
     make_finished(store, "fine")
-    make_finished(store, "hurt")
-    rewrite(Path(store.layout.slot_path("hurt", 1)), flip_bit)
-    code, out, err = cli(capsys, "--store", store.root, "status", "--open", "--json")
+    make_finished(store, "hurt")  # seq 0 start, 1 step a, 2 step b (HEAD)
+    rewrite(Path(store.layout.slot_path("hurt", slot)), flip_bit)
+    code, out, err = cli(capsys, "--store", store.root, "status", "--open", "--json", *flags)
     rows, counts = status_rows(out)
     assert (3, ["hurt"], "") == (code, [row["task"] for row in rows], err)
     assert {"tasks": 1, "open": 0, "unresolved": 0, "broken": 1} == counts

@@ -129,12 +129,12 @@ ROWS = [
     Row(
         "plan-object-fifo",
         lambda s, o: replace_with_fifo(plan_object(s)),
-        {"status": 3, "log": 3, "show": 0, "fsck": 1, "gc": 0, "resolve": 3},
+        {"status": 0, "log": 3, "show": 0, "fsck": 1, "gc": 0, "resolve": 3},
     ),
     Row(
         "plan-object-huge",
         lambda s, o: replace_with_huge(plan_object(s)),
-        {"status": 3, "log": 3, "show": 0, "fsck": 1, "gc": 0, "resolve": 3},
+        {"status": 0, "log": 3, "show": 0, "fsck": 1, "gc": 0, "resolve": 3},
     ),
     Row(
         "deep-blob",

@@ -20,12 +20,14 @@ from pathlib import Path
 from typing import IO, Any
 
 import pytest
-from helpers import wait_for
+from helpers import rewrite, wait_for
 
 import castore
 from castore.alerts import Alert
 from castore.cli import main, parse_duration
 from castore.cli.watch import alert_line
+from castore.objects import ObjectStore
+from castore.refs import TaskSlots
 from castore.watch import Watcher
 
 # watchdog's inotify observer warns when it adds a new directory's watch twice; harmless.
@@ -396,3 +398,113 @@ def test_cli_survives_a_failing_or_hanging_hook(
             child.kill()
             child.wait()
     assert "Traceback" not in "".join(err.text)
+
+
+# ------------------------------------------------------------- reading only what is new
+
+LONG = castore.Plan.build("long", *(f"s{i}" for i in range(80)))
+NEW = 5  # commits after the watcher's start scan
+
+
+def commit_steps(run: castore.Run, count: int, tag: str = "") -> None:
+    for _ in range(count):
+        step = run.next_step
+        assert step is not None
+        run.commit_step(step, {"step": step, "tag": tag})
+
+
+def verified_seq(watcher: Watcher, task: str) -> int | None:
+    known = watcher._known.get(task)  # private on purpose: what the watcher last verified
+    return None if known is None else known.head.seq
+
+
+@pytest.fixture
+def watcher_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every object id (ObjectStore.read) and slot ('slot N', TaskSlots.read) the watcher's
+    own thread reads; the test's writer reads are not counted."""
+    seen: list[str] = []
+    object_read, slot_read = ObjectStore.read, TaskSlots.read
+
+    def watching() -> bool:
+        return threading.current_thread().name == "castore-watch"
+
+    def read_object(self: ObjectStore, object_id: str) -> bytes:
+        if watching():
+            seen.append(object_id)
+        return object_read(self, object_id)
+
+    def read_slot(self: TaskSlots, seq: int) -> bytes:
+        if watching():
+            seen.append(f"slot {seq}")
+        return slot_read(self, seq)
+
+    monkeypatch.setattr(ObjectStore, "read", read_object)
+    monkeypatch.setattr(TaskSlots, "read", read_slot)
+    return seen
+
+
+def test_commits_to_a_long_chain_are_verified_by_reading_only_the_new_slots(
+    store: castore.Store, watchers: Callable[..., Watcher], watcher_reads: list[str]
+) -> None:
+    """After the start scan verified a 60-snapshot chain, 5 commits make the watcher read
+    the slots from its remembered HEAD up and the 5 new snapshots, nothing older."""
+    with store.open_task("long-1", LONG) as run:
+        commit_steps(run, 59)
+        watcher = watchers(store, Alerts())
+        watcher.start()
+        assert 59 == verified_seq(watcher, "long-1")
+        watcher_reads.clear()
+        commit_steps(run, NEW)
+    wait_for(lambda: verified_seq(watcher, "long-1") == 59 + NEW, DEADLINE_S, "the new HEAD")
+    new_ids = [snapshot_id for snapshot_id, _ in store.history("long-1")[:NEW]]
+    objects_read = {read for read in watcher_reads if not read.startswith("slot ")}
+    slots_read = {int(read.split()[1]) for read in watcher_reads if read.startswith("slot ")}
+    assert (True, set()) == (new_ids[0] in objects_read, objects_read - set(new_ids))
+    assert set() == {seq for seq in slots_read if seq < 59}
+
+
+def other_snapshot(tmp_path: Path, task: str, seq: int) -> bytes:
+    """The bytes of a valid snapshot of `task` at `seq` from another history of it (another
+    store, other results): what a forged splice would plant."""
+    elsewhere = castore.Store.init(tmp_path / "elsewhere")
+    with elsewhere.open_task(task, LONG) as run:
+        commit_steps(run, seq, tag="forged")
+    return Path(elsewhere.layout.slot_path(task, seq)).read_bytes()
+
+
+def test_a_spliced_remembered_head_is_caught_by_the_fallback_at_the_next_commit(
+    store: castore.Store, watchers: Callable[..., Watcher], tmp_path: Path
+) -> None:
+    """The remembered HEAD's file rewritten in place with another valid snapshot of the same
+    task and seq: the next commit's check sees the slot changed, falls back to the full walk,
+    and alerts, without waiting for a rescan."""
+    forged = other_snapshot(tmp_path, "long-2", 20)
+    alerts = Alerts()
+    with store.open_task("long-2", LONG) as run:
+        commit_steps(run, 20)
+        watcher = watchers(store, alerts)  # rescan_every: an hour
+        watcher.start()
+        assert 20 == verified_seq(watcher, "long-2")
+        rewrite(Path(store.layout.slot_path("long-2", 20)), lambda _: forged)
+        commit_steps(run, 1)
+    assert "does not verify" in alerts.wait("chain", task="long-2").message
+
+
+def test_a_splice_below_the_remembered_head_is_caught_by_the_rescan(
+    store: castore.Store, watchers: Callable[..., Watcher], tmp_path: Path
+) -> None:
+    """A snapshot below the remembered HEAD rewritten in place with another valid snapshot of
+    the same task: commits after it are checked from the remembered HEAD up (no alert), and
+    the rescan, which walks the whole chain, alerts."""
+    forged = other_snapshot(tmp_path, "long-3", 5)
+    alerts = Alerts()
+    with store.open_task("long-3", LONG) as run:
+        commit_steps(run, 20)
+        watcher = watchers(store, alerts)
+        watcher.start()
+        rewrite(Path(store.layout.slot_path("long-3", 5)), lambda _: forged)
+        commit_steps(run, 2)
+    wait_for(lambda: verified_seq(watcher, "long-3") == 22, DEADLINE_S, "the new HEAD")
+    assert 0 == alerts.count("chain", "raised")
+    watcher.check_now()  # the periodic rescan
+    assert "does not verify" in alerts.wait("chain", task="long-3").message

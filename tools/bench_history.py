@@ -1,6 +1,7 @@
 """Benchmark what a long history costs: verified resume, status, watch, bytes and inodes per step.
 
     python tools/bench_history.py [--rounds 3] [--dir PATH] [--quick] [--with-1m]
+        [--only resume,disk,watch,status,langgraph] [--watch-lengths 1000,10000] [--watch-pace S]
 
 Builds its stores itself, with fsync switched off while building (reads are measured here, not
 durability). Baselines from the same run, when the `bench` extra is installed: LangGraph's
@@ -12,6 +13,9 @@ resume_1m_rss_mb <= 100, status_5000_s <= 0.5, watch_cpu_ms_per_commit_10k <= 1 
 length), disk_per_payload <= 2, inodes_per_step <= 0.01. `--quick` divides every size by 10 (keys
 keep their names, values are for the smaller sizes: a smoke run, not a result). The 1M-step store
 needs about 4 GB and several minutes on format v1, so it is built only with `--with-1m`.
+`--only` runs some of the measurements (each builds its own store). `--watch-lengths` gives the
+chain lengths at which the watcher's CPU per commit is measured (`watch_cpu_ms_per_commit_10k=`
+for 10,000 steps, `_1k` for 1,000): the same figure at two lengths shows whether it is flat.
 """
 
 from __future__ import annotations
@@ -147,8 +151,10 @@ def settled_cpu(pid: int, quiet_s: float = 0.5, limit_s: float = 30.0) -> float:
     return last
 
 
-def watch_cpu_ms_per_commit(root: str, steps: int, commits: int) -> float:
-    """CPU a real `castore watch` spends per commit while one agent appends to a long chain."""
+def watch_cpu_ms_per_commit(root: str, steps: int, commits: int, pace: float = 0.0) -> float:
+    """CPU a real `castore watch` spends per commit while one agent appends to a long chain,
+    one commit every `pace` seconds (0: as fast as it can, so the watcher's debounce folds
+    several commits into one check; a pace above the debounce makes each commit its own)."""
     store = Store.open(root)
     task = "watched"
     plan = plan_of(steps + commits)
@@ -164,12 +170,18 @@ def watch_cpu_ms_per_commit(root: str, steps: int, commits: int) -> float:
     )
     try:
         before = settled_cpu(watcher.pid)
+        started = time.monotonic()
         with store.resume(task, plan) as run:
             for _ in range(commits):
                 step = run.next_step
                 assert step is not None
                 run.commit_step(step, payload(run.head.seq))
+                time.sleep(pace)
+        # The watcher's full rescan (every 30 s by default) costs the whole history: a window
+        # longer than that includes one, and the figure is then no longer per commit alone.
+        window = time.monotonic() - started
         after = settled_cpu(watcher.pid)
+        print(f"watch at {steps} steps: {commits} commits in {window:.1f} s", file=sys.stderr)
     finally:
         watcher.kill()
         watcher.wait()
@@ -235,12 +247,13 @@ def measure(base: str, args: argparse.Namespace) -> dict[str, float]:
         50,
     )
 
-    root = os.path.join(base, "long")
-    store = build_task(root, TASK, long_steps)
-    results["resume_100k_ms"] = resume_ms(store, TASK, long_steps, args.rounds)
-    results["resume_100k_rss_mb"] = resume_rss_mb(root, long_steps)
-    shutil.rmtree(root)
-    print(f"resume of {long_steps} steps: {results['resume_100k_ms']:.1f} ms", file=sys.stderr)
+    if "resume" in args.only:
+        root = os.path.join(base, "long")
+        store = build_task(root, TASK, long_steps)
+        results["resume_100k_ms"] = resume_ms(store, TASK, long_steps, args.rounds)
+        results["resume_100k_rss_mb"] = resume_rss_mb(root, long_steps)
+        shutil.rmtree(root)
+        print(f"resume of {long_steps} steps: {results['resume_100k_ms']:.1f} ms", file=sys.stderr)
 
     if args.with_1m:
         root = os.path.join(base, "million")
@@ -250,22 +263,31 @@ def measure(base: str, args: argparse.Namespace) -> dict[str, float]:
         results["resume_1m_rss_mb"] = resume_rss_mb(root, steps)
         shutil.rmtree(root)
 
-    root = os.path.join(base, "small")
-    store = build_task(root, TASK, small_steps)
-    allocated, inodes = disk_usage(root)
-    results["disk_per_payload"] = allocated / (small_steps * len(payload(0)))
-    results["inodes_per_step"] = inodes / small_steps
-    results["watch_cpu_ms_per_commit_10k"] = watch_cpu_ms_per_commit(root, small_steps, 200)
-    shutil.rmtree(root)
+    if "disk" in args.only:
+        root = os.path.join(base, "small")
+        build_task(root, TASK, small_steps)
+        allocated, inodes = disk_usage(root)
+        results["disk_per_payload"] = allocated / (small_steps * len(payload(0)))
+        results["inodes_per_step"] = inodes / small_steps
+        shutil.rmtree(root)
 
-    root = os.path.join(base, "many")
-    store = Store.init(root)
-    for t in range(tasks):
-        build_task(root, f"task-{t:05d}", task_steps, store=store)
-    results["status_5000_s"] = min(cli("status", "--store", root) for _ in range(args.rounds))
-    shutil.rmtree(root)
+    if "watch" in args.only:
+        for length in args.watch_lengths:
+            root = os.path.join(base, f"watch-{length}")
+            Store.init(root)
+            per_commit = watch_cpu_ms_per_commit(root, length // scale, 200, args.watch_pace)
+            results[f"watch_cpu_ms_per_commit_{size_label(length)}"] = per_commit
+            shutil.rmtree(root)
 
-    lg = sqlite_threads(os.path.join(base, "lg.sqlite"))
+    if "status" in args.only:
+        root = os.path.join(base, "many")
+        store = Store.init(root)
+        for t in range(tasks):
+            build_task(root, f"task-{t:05d}", task_steps, store=store)
+        results["status_5000_s"] = min(cli("status", "--store", root) for _ in range(args.rounds))
+        shutil.rmtree(root)
+
+    lg = sqlite_threads(os.path.join(base, "lg.sqlite")) if "langgraph" in args.only else None
     if lg is not None:
         lg.fill("long", long_steps)
         results["langgraph_get_tuple_ms"] = lg.get_tuple_ms("long", args.rounds * 10)
@@ -281,6 +303,24 @@ def measure(base: str, args: argparse.Namespace) -> dict[str, float]:
     return results
 
 
+def size_label(steps: int) -> str:
+    """10000 -> 10k, 1000000 -> 1m, 500 -> 500: the suffix of a key named after a length."""
+    for suffix, size in (("m", 1_000_000), ("k", 1000)):
+        if steps >= size and steps % size == 0:
+            return f"{steps // size}{suffix}"
+    return str(steps)
+
+
+def csv_of(convert: Any) -> Any:
+    def parse(text: str) -> list[Any]:
+        return [convert(part) for part in text.split(",") if part]
+
+    return parse
+
+
+MEASUREMENTS = ("resume", "disk", "watch", "status", "langgraph")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -289,11 +329,34 @@ def main() -> int:
     parser.add_argument("--dir", default=None, help="where the scratch stores go (default: temp)")
     parser.add_argument("--quick", action="store_true", help="every size divided by 10")
     parser.add_argument("--with-1m", action="store_true", help="also build and resume 1M steps")
+    parser.add_argument(
+        "--only",
+        type=csv_of(str),
+        default=list(MEASUREMENTS),
+        help=f"comma-separated subset of {','.join(MEASUREMENTS)} (default: all)",
+    )
+    parser.add_argument(
+        "--watch-lengths",
+        type=csv_of(int),
+        default=[1000, 10_000],
+        help="chain lengths at which to measure watch CPU per commit (default: 1000,10000)",
+    )
+    parser.add_argument(
+        "--watch-pace",
+        type=float,
+        default=0.0,
+        help="seconds between the watched agent's commits (default 0: as fast as it can)",
+    )
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args.child[0], args.child[1], int(args.child[2]))
         return 0
+    unknown = set(args.only) - set(MEASUREMENTS)
+    if unknown:
+        parser.error(
+            f"--only: unknown measurement(s) {sorted(unknown)}; choose from {MEASUREMENTS}"
+        )
     base = tempfile.mkdtemp(prefix="castore-bench-history-", dir=args.dir)
     try:
         results = measure(base, args)

@@ -85,7 +85,8 @@ def _summary_line(counts: dict[str, int]) -> str:
 
 def cmd_status(args: argparse.Namespace) -> int:
     store = open_store(args)
-    statuses = [store.status(task) for task in _selected_tasks(store, args.task)]
+    tasks = _selected_tasks(store, args.task)
+    statuses = [store.status(task, verify=args.verify) for task in tasks]
     statuses = [status for status in statuses if _wanted(status, args)]
     counts = summary(statuses)
     if args.json:
@@ -117,6 +118,11 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     status.add_argument("--open", action="store_true", help="only tasks with open effects")
     status.add_argument(
         "--unresolved", action="store_true", help="only tasks with an UNRESOLVED effect"
+    )
+    status.add_argument(
+        "--verify",
+        action="store_true",
+        help="verify each whole chain back to its plan root, as a resume does (default: HEAD only)",
     )
     status.add_argument(
         "--json", action="store_true", help='one JSON object per task, then {"summary": {...}}'
