@@ -79,6 +79,12 @@ def translated(path: str, operation: str) -> Iterator[None]:
         raise io_error(path, operation, exc) from exc
 
 
+def _escaped(exc: OSError) -> CastoreError:
+    """The castore error for an OSError that reached a public entry point untranslated."""
+    path = os.fsdecode(exc.filename) if exc.filename is not None else "a store path"
+    return io_error(path, "accessing", exc)
+
+
 def translating(func: Callable[P, R]) -> Callable[P, R]:
     """`func`, raising a castore error for any OSError that escapes it (FileNotFoundError
     included): the library's public entry points leak no OSError, whatever code raised it."""
@@ -87,11 +93,10 @@ def translating(func: Callable[P, R]) -> Callable[P, R]:
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return func(*args, **kwargs)
+        except CastoreError:
+            raise  # an OSError already translated (StoreIOError, DurabilityError, ...)
         except OSError as exc:
-            if isinstance(exc, CastoreError):
-                raise
-            path = os.fsdecode(exc.filename) if exc.filename is not None else "a store path"
-            raise io_error(path, "accessing", exc) from exc
+            raise _escaped(exc) from exc
 
     return wrapper
 
@@ -104,11 +109,10 @@ def translating_iterator(func: Callable[P, Iterator[R]]) -> Callable[P, Iterator
         iterator = func(*args, **kwargs)
         try:
             yield from iterator
+        except CastoreError:
+            raise  # an OSError already translated (StoreIOError, DurabilityError, ...)
         except OSError as exc:
-            if isinstance(exc, CastoreError):
-                raise
-            path = os.fsdecode(exc.filename) if exc.filename is not None else "a store path"
-            raise io_error(path, "accessing", exc) from exc
+            raise _escaped(exc) from exc
 
     return wrapper
 
