@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -113,3 +115,16 @@ def store(tmp_path: Path) -> castore.Store:
 def tree_snapshot_fixture() -> Callable[[str | os.PathLike[str]], dict[str, Entry]]:
     """`tree_snapshot(path)`: relpath -> (mode, size, mtime_ns, sha) of every entry under path."""
     return tree_snapshot
+
+
+@pytest.fixture(name="children")
+def children_fixture() -> Iterator[list[subprocess.Popen[str]]]:
+    """Processes a test starts (append them): any still alive at the end, stopped ones
+    included, are continued and killed by their own pid, whatever the test did."""
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for proc in started:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.kill()
+        proc.communicate(timeout=60)

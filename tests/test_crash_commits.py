@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 
 import pytest
 from helpers import misnamed_objects, object_files, read_line
@@ -52,19 +51,8 @@ def plan_of(steps: int) -> castore.Plan:
 PLAN = plan_of(10)  # for the crash point tests
 
 
-@pytest.fixture
-def processes() -> Iterator[list[subprocess.Popen[str]]]:
-    """Children a test starts; any still running at the end are killed by their own pid."""
-    started: list[subprocess.Popen[str]] = []
-    yield started
-    for proc in started:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate(timeout=DEADLINE)
-
-
 def start_writer(
-    processes: list[subprocess.Popen[str]],
+    children: list[subprocess.Popen[str]],
     root: str,
     limit: int,
     crash_at: str | None = None,
@@ -80,7 +68,7 @@ def start_writer(
         text=True,
         env=env,
     )
-    processes.append(proc)
+    children.append(proc)
     return proc
 
 
@@ -103,13 +91,13 @@ def history_ids(store: castore.Store) -> dict[int, str]:
 
 
 def test_random_kills_never_lose_an_acknowledged_commit(
-    store: castore.Store, processes: list[subprocess.Popen[str]]
+    store: castore.Store, children: list[subprocess.Popen[str]]
 ) -> None:
     """A writer SIGKILLed at random moments, restarted each time: every ack survives."""
     rng = random.Random(SEED)
     acknowledged: dict[int, str] = {}
     for _ in range(KILLS):
-        proc = start_writer(processes, store.root, 0, steps=STEPS)
+        proc = start_writer(children, store.root, 0, steps=STEPS)
         output = []
         while (line := read_line(proc, DEADLINE)) != "ready\n":
             assert line, f"writer exited early: {proc.communicate()[1]}"
@@ -171,9 +159,9 @@ def leftovers(store: castore.Store, pid: int) -> tuple[list[str], list[str]]:
 
 
 def crash_child(
-    processes: list[subprocess.Popen[str]], store: castore.Store, point: str, limit: int
+    children: list[subprocess.Popen[str]], store: castore.Store, point: str, limit: int
 ) -> tuple[subprocess.Popen[str], dict[int, str]]:
-    proc = start_writer(processes, store.root, limit, crash_at=point)
+    proc = start_writer(children, store.root, limit, crash_at=point)
     out, errors = proc.communicate(timeout=DEADLINE)
     assert -signal.SIGKILL == proc.returncode, f"did not die at {point}: {errors}"
     return proc, acks(out)
@@ -186,14 +174,14 @@ def assert_chain_dir_is_slots_only(store: castore.Store, head: int) -> None:
 
 @pytest.mark.parametrize("point", list(COMMIT_POINTS))
 def test_a_kill_at_each_commit_point_leaves_a_verifying_chain(
-    store: castore.Store, processes: list[subprocess.Popen[str]], point: str
+    store: castore.Store, children: list[subprocess.Popen[str]], point: str
 ) -> None:
     """A kill at a named commit point: HEAD is as the point implies; leftovers are harmless."""
     with store.start(TASK, PLAN) as run:
         run.commit_step("s0")
         run.commit_step("s1")
     head, temps_left, objects_left = COMMIT_POINTS[point]
-    proc, acknowledged = crash_child(processes, store, f"{point}:2", 5)
+    proc, acknowledged = crash_child(children, store, f"{point}:2", 5)
     assert [2, 3] == sorted(acknowledged)  # resumed at 2, committed 3, died during 4
     chain = store.verify(TASK)
     assert head == chain.head.seq
@@ -226,13 +214,13 @@ def test_a_kill_at_each_commit_point_leaves_a_verifying_chain(
 )
 def test_a_kill_while_starting_a_task_leaves_it_absent_or_whole(
     store: castore.Store,
-    processes: list[subprocess.Popen[str]],
+    children: list[subprocess.Popen[str]],
     point: str,
     nth: int,
     started: bool,
 ) -> None:
     """A kill while a task is created leaves it absent or whole; open_task then works."""
-    _, acknowledged = crash_child(processes, store, f"{point}:{nth}", 3)
+    _, acknowledged = crash_child(children, store, f"{point}:{nth}", 3)
     assert {} == acknowledged
     if started:
         assert 0 == store.verify(TASK).head.seq

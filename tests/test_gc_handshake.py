@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -41,18 +40,6 @@ with store.start(task, plan) as run:
 print("ack", snapshot_id, ref.blob, flush=True)
 """
 GC = "import sys, castore.gc; castore.gc.collect(sys.argv[1], grace_s=0)"
-
-
-@pytest.fixture
-def children() -> Iterator[list[subprocess.Popen[str]]]:
-    """Processes a test starts; any still alive at the end are continued and killed."""
-    started: list[subprocess.Popen[str]] = []
-    yield started
-    for proc in started:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGCONT)
-            proc.kill()
-        proc.communicate(timeout=DEADLINE)
 
 
 def spawn(

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
@@ -37,17 +36,6 @@ sys.stdin.readline()
 castore.Store.open(sys.argv[1], create=True)
 print("created", flush=True)
 """
-
-
-@pytest.fixture
-def children() -> Iterator[list[subprocess.Popen[str]]]:
-    """Processes a test starts; any still alive at the end are killed by their own pid."""
-    started: list[subprocess.Popen[str]] = []
-    yield started
-    for proc in started:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate(timeout=DEADLINE)
 
 
 def creator(
