@@ -14,7 +14,6 @@ from test_gc_handshake import (
     GC,
     WRITER,
     assert_acknowledged_commit_whole,
-    children,
     finish,
     spawn,
     wait_stopped,
@@ -26,7 +25,6 @@ import castore
 from castore.fsck.quarantine import quarantine
 
 pytestmark = pytest.mark.sshfs
-__all__ = ["children"]  # a fixture, imported for the tests below
 
 
 def test_processes_on_two_clients_creating_one_store_all_succeed(sshfs_pair: SshfsPair) -> None:
