@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from twomounts import EngineUnavailable, TwoMounts
+from twomounts import EngineUnavailable, TwoMounts, free_port, tail
 
 SSHD = "/usr/sbin/sshd"
 START_TIMEOUT = 15.0
@@ -66,20 +66,6 @@ def missing_prerequisites() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _tail(path: Path, limit: int = 2000) -> str:
-    try:
-        return path.read_text(errors="replace")[-limit:].strip() or "(empty)"
-    except OSError:
-        return "(no log)"
-
-
 def _keygen(path: Path) -> None:
     subprocess.run(
         ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "castore-test", "-f", str(path)],
@@ -104,7 +90,7 @@ def _start_sshd(tmp: Path) -> tuple[subprocess.Popen[bytes], int]:
     log = tmp / "sshd.log"
     last = ""
     for _ in range(3):  # the free port can be taken before sshd binds it: try another
-        port = _free_port()
+        port = free_port()
         config = tmp / "sshd_config"
         config.write_text(
             "\n".join(
@@ -140,7 +126,7 @@ def _start_sshd(tmp: Path) -> tuple[subprocess.Popen[bytes], int]:
                 return proc, port
             time.sleep(0.05)
         _terminate(proc)
-        last = _tail(log)
+        last = tail(log)
     raise RuntimeError(f"sshd did not start on 127.0.0.1; its log ends with:\n{last}")
 
 
@@ -194,7 +180,7 @@ def _mount(
             break
         time.sleep(0.05)
     _terminate(proc)
-    text = _tail(log)
+    text = tail(log)
     if "fuse: device not found" in text or "Operation not permitted" in text:
         raise SshfsUnavailable(f"FUSE mounts are not permitted here: {text}")
     raise RuntimeError(f"sshfs did not mount {mountpoint}; its log ends with:\n{text}")

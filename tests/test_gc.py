@@ -293,20 +293,26 @@ RACE_STEPS = 120
 RACE_GRACE_S = 2.0
 
 
-def test_gc_racing_a_writer_never_removes_what_it_commits(store: castore.Store) -> None:
-    """A writer puts blobs (half of them already stored, unreachable and 30 days old: the
-    dedup path) and commits a step naming each, while gc runs in a loop with a short grace
-    period: the chain verifies and every blob it names is readable."""
-    for i in range(0, RACE_STEPS, 2):
+def race_gc_against_writer(
+    store: castore.Store,
+    *,
+    writer_root: str,
+    gc_root: str,
+    steps: int,
+    garbage: int,
+    grace_s: float,
+    timeout: float = DEADLINE,
+) -> list[str]:
+    """Seed `store` with old blobs (every other one the writer will put again: the dedup
+    path) and `garbage` unreachable ones, run WRITER on `writer_root` for `steps` steps while
+    gc loops on `gc_root`; check the writer finished, every committed blob reads back, the
+    store is intact and gc never failed. Returns what gc removed."""
+    for i in range(0, steps, 2):
         age(obj(store, store.put_blob({"i": i, "pad": "x" * 64}).blob), 30)
-    for i in range(40):  # garbage gc really removes while the writer runs
+    for i in range(garbage):  # garbage gc really removes while the writer runs
         age(obj(store, store.put_blob({"garbage": i}).blob), 30)
-    proc = subprocess.Popen(
-        [sys.executable, "-c", WRITER, store.root, str(RACE_STEPS)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    command = [sys.executable, "-c", WRITER, writer_root, str(steps)]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     removed: list[str] = []
     errors: list[Exception] = []
     stop = threading.Event()
@@ -314,15 +320,15 @@ def test_gc_racing_a_writer_never_removes_what_it_commits(store: castore.Store) 
     def gc_loop() -> None:
         while not stop.is_set():
             try:
-                removed.extend(collect(store.root, grace_s=RACE_GRACE_S).removed)
+                removed.extend(collect(gc_root, grace_s=grace_s).removed)
             except Exception as exc:  # noqa: BLE001 - reported by the test, after the chain
                 errors.append(exc)
 
+    thread = threading.Thread(target=gc_loop, daemon=True)
     try:
         assert "ready" == read_line(proc, DEADLINE).strip()
-        thread = threading.Thread(target=gc_loop, daemon=True)
         thread.start()
-        out, err = proc.communicate(timeout=DEADLINE)
+        out, err = proc.communicate(timeout=timeout)
     finally:
         stop.set()
         if proc.poll() is None:
@@ -330,15 +336,30 @@ def test_gc_racing_a_writer_never_removes_what_it_commits(store: castore.Store) 
             proc.wait()
     thread.join(DEADLINE)
     assert (0, "done") == (proc.returncode, out.strip()), err
-    assert len(removed) >= 40  # gc did run against the writer
     chain = store.verify("race/1")
-    assert RACE_STEPS == len(chain.outcomes)
+    assert steps == len(chain.outcomes)
     for step, outcome in chain.outcomes.items():
         assert outcome.result_ref is not None
         assert int(step[1:]) == store.get_blob(outcome.result_ref)["i"]
     assert_intact(store)
     # gc itself must survive the race too (a writer's temp file vanishes as gc lists it)
     assert [] == [f"{type(exc).__name__}: {exc}" for exc in errors]
+    return removed
+
+
+def test_gc_racing_a_writer_never_removes_what_it_commits(store: castore.Store) -> None:
+    """A writer puts blobs (half of them already stored, unreachable and 30 days old: the
+    dedup path) and commits a step naming each, while gc runs in a loop with a short grace
+    period: the chain verifies and every blob it names is readable."""
+    removed = race_gc_against_writer(
+        store,
+        writer_root=store.root,
+        gc_root=store.root,
+        steps=RACE_STEPS,
+        garbage=40,
+        grace_s=RACE_GRACE_S,
+    )
+    assert len(removed) >= 40  # gc did run against the writer
 
 
 # --------------------------------------------------------------------------- CLI

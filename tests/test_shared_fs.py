@@ -24,7 +24,7 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 import pytest
-from helpers import read_line, wait_for
+from helpers import wait_for
 from test_concurrency import (  # the same workers, pointed at two different mounts
     CTX,
     DEADLINE,
@@ -37,13 +37,12 @@ from test_concurrency import (  # the same workers, pointed at two different mou
     race_worker,
     spawn,
 )
-from test_gc import WRITER, age, assert_intact, obj
+from test_gc import race_gc_against_writer
 from twomounts import TwoMounts
 
 import castore
 import castore.gc
 from castore.cli import main
-from castore.gc import collect
 from castore.lab.campaign import Settings, campaign
 from castore.lab.service import read_ledger
 
@@ -189,43 +188,16 @@ def test_gc_on_one_client_racing_a_writer_on_the_other_never_removes_what_it_com
     steps = two_mounts.rounds(40, floor=12)  # gc and writer contend for the same caps on CephFS
     origin, mount_a, mount_b = two_mounts.new_dir("gc")
     store = castore.Store.init(origin / "store")
-    for i in range(0, steps, 2):
-        age(obj(store, store.put_blob({"i": i, "pad": "x" * 64}).blob), 30)
-    for i in range(20):  # garbage gc really removes while the writer runs
-        age(obj(store, store.put_blob({"garbage": i}).blob), 30)
-    command = [sys.executable, "-c", WRITER, str(mount_b / "store"), str(steps)]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    removed: list[str] = []
-    errors: list[Exception] = []
-    stop = threading.Event()
-
-    def gc_loop() -> None:
-        while not stop.is_set():
-            try:  # grace: longer than a put-to-commit pause plus a stale client's second
-                removed.extend(collect(str(mount_a / "store"), grace_s=3.0).removed)
-            except Exception as exc:  # noqa: BLE001 - reported by the test, after the chain
-                errors.append(exc)
-
-    thread = threading.Thread(target=gc_loop, daemon=True)
-    try:
-        assert "ready" == read_line(proc, DEADLINE).strip()
-        thread.start()
-        out, err = proc.communicate(timeout=DEADLINE * 2)
-    finally:
-        stop.set()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    thread.join(DEADLINE)
-    assert (0, "done") == (proc.returncode, out.strip()), err
+    removed = race_gc_against_writer(
+        store,
+        writer_root=str(mount_b / "store"),
+        gc_root=str(mount_a / "store"),
+        steps=steps,
+        garbage=20,
+        grace_s=3.0,  # longer than a put-to-commit pause plus a stale client's second
+        timeout=DEADLINE * 2,
+    )
     assert len(removed) >= 20  # gc did run against the writer
-    chain = store.verify("race/1")
-    assert steps == len(chain.outcomes)
-    for step, outcome in chain.outcomes.items():
-        assert outcome.result_ref is not None
-        assert int(step[1:]) == store.get_blob(outcome.result_ref)["i"]
-    assert_intact(store)
-    assert [] == [f"{type(exc).__name__}: {exc}" for exc in errors]
 
 
 def test_doctor_across_the_two_clients_says_safe(
