@@ -23,7 +23,7 @@ from castore.errors import (
     UsageError,
 )
 from castore.guard import DEFAULT_SNAPSHOT_BUDGET, refuse_secrets
-from castore.layout import Layout, decode_task_id
+from castore.layout import CHAIN_DIR, MARK_NAME, Layout, decode_task_id, slot_name
 from castore.objects import ObjectStore
 from castore.plans import plan_bytes, validate_plan
 from castore.plans import plan_id as plan_digest
@@ -51,6 +51,7 @@ from castore.verify import (
 
 MARKER = storeinit.MARKER
 DEFAULT_LOCK_TIMEOUT = 10.0
+FIRST_SLOT = slot_name(0)
 
 
 @fsio.translating_methods  # no OSError leaves the public API: a castore error names the path
@@ -337,9 +338,11 @@ class Store:
                 task_id = decode_task_id(name)
             except UsageError:
                 continue  # not castore's: fsck reports it
+            # From the name decode_task_id checked (status pays for each id once, not thrice).
             # Slot 0 of a long task may be pruned: its sealed mark then says it started.
-            if os.path.lexists(self.layout.slot_path(task_id, 0)) or os.path.lexists(
-                self.layout.mark_path(task_id)
+            task_dir = os.path.join(self.layout.tasks, name)
+            if os.path.lexists(os.path.join(task_dir, CHAIN_DIR, FIRST_SLOT)) or os.path.lexists(
+                os.path.join(task_dir, MARK_NAME)
             ):
                 found.append(task_id)
         return sorted(found)

@@ -182,3 +182,14 @@ def test_a_real_stale_writer_paused_before_its_link_loses_after_a_prune(
     slots = slots_of(store)
     assert not slots.exists(6)
     assert 15 == slots.head_seq()
+
+
+def test_slot_by_slot_reading_starts_above_the_mark(tmp_path: Path) -> None:
+    """`castore log`'s slot-by-slot view shows the kept slots, not pruned ones as missing."""
+    from castore.cli.history import read_slots
+
+    store = store_with(tmp_path, 12)
+    mark_and_prune(store, 5)
+    shown = read_slots(store, TASK)
+    assert list(range(12, 5, -1)) == [slot.seq for slot in shown]
+    assert [None] * 7 == [slot.problem for slot in shown]
