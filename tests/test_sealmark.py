@@ -14,6 +14,7 @@ from helpers import wait_stopped
 
 import castore
 from castore import sealmark
+from castore.cli.history import read_slots
 from castore.errors import ChainError, ConflictError
 from castore.refs import TaskSlots
 from castore.sealmark import Mark
@@ -186,8 +187,6 @@ def test_a_real_stale_writer_paused_before_its_link_loses_after_a_prune(
 
 def test_slot_by_slot_reading_starts_above_the_mark(tmp_path: Path) -> None:
     """`castore log`'s slot-by-slot view shows the kept slots, not pruned ones as missing."""
-    from castore.cli.history import read_slots
-
     store = store_with(tmp_path, 12)
     mark_and_prune(store, 5)
     shown = read_slots(store, TASK)
