@@ -7,8 +7,9 @@ suite starts it (tests/sshfs.py, tests/glusterfs.py, tests/cephfs.py: two FUSE c
 directory on 127.0.0.1, every process stopped by its PID at the end). Then `castore doctor
 --peer` runs once across the two clients, and `--runs` runs, one after the other, each make
 `--commits` durable commits through client A, the commit of tools/bench.py (one small result
-per step, a fresh store per run), each commit timed on its own. Printed: each check's verdict,
-each run's p50, and the median of the runs' p50 with their spread (min-max). Only one
+per step, a fresh store per run), each commit timed on its own, after the same commits on the
+local disk (the directory of the engine's daemons). Printed: each check's verdict, each run's
+p50, and the median of the runs' p50 with their spread (min-max), for both. Only one
 GlusterFS may run at a time on a machine (glusterd's port 24007).
 """
 
@@ -83,17 +84,24 @@ def main() -> int:
                 detail = "" if check.verdict == "ok" else f": {check.detail}"
                 print(f"doctor {check.name}: {check.verdict}{detail}")
             print(f"doctor verdict: {'safe' if report.safe else 'NOT SAFE'}")
-            p50s = []
+            p50s, local = [], []
             for number in range(args.runs):
+                # The same commits on the local disk first: the load of a shared machine moves
+                # both, so the ratio says more than either time.
+                local.append(commit_p50_ms(workdir / f"local-{number}", args.commits))
                 _, mount_a, _ = pair.new_dir(f"commits-{number}")
                 p50s.append(commit_p50_ms(mount_a, args.commits))
-                print(f"run {number + 1}: commit p50 {p50s[-1]:.2f} ms ({args.commits} commits)")
+                print(
+                    f"run {number + 1}: commit p50 {p50s[-1]:.2f} ms ({args.commits} commits); "
+                    f"local disk {local[-1]:.2f} ms"
+                )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     print(f"load average at the end: {_load()}")
     print(
         f"{args.engine}: commit p50 {statistics.median(p50s):.1f} ms, median of {args.runs} runs "
-        f"(spread {min(p50s):.1f}-{max(p50s):.1f} ms)"
+        f"(spread {min(p50s):.1f}-{max(p50s):.1f} ms); local disk in the same runs "
+        f"{statistics.median(local):.1f} ms ({min(local):.1f}-{max(local):.1f} ms)"
     )
     return 0
 
