@@ -40,6 +40,10 @@ OBJECT_MODE = 0o444
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _CHUNK = 1 << 20
+# A network filesystem's client may answer ESTALE for a handle the server no longer has (a name
+# another client renamed over: GlusterFS with its default caches, for about a second); a fresh
+# open looks the name up again. Bounded: a handle that stays stale is an error to report.
+_ESTALE_RETRIES = 2
 
 
 def file_kind(mode: int) -> str:
@@ -186,10 +190,63 @@ def _check_regular(path: str, info: os.stat_result, limit: int) -> None:
 
 def read_regular_with_stat(path: str, limit: int = MAX_OBJECT_SIZE) -> tuple[bytes, os.stat_result]:
     """The whole content of a regular file and its fstat, in one read() when the size it
-    stats is the size it reads (object files never change once published)."""
+    stats is the size it reads (object files never change once published); opened and read
+    again after an ESTALE, up to _ESTALE_RETRIES times."""
+    try:
+        return _read_once(path, limit)
+    except StoreIOError as exc:
+        if exc.errno != errno.ESTALE:
+            raise
+    return _after_estale(lambda: _read_once(path, limit))
+
+
+def _read_once(path: str, limit: int) -> tuple[bytes, os.stat_result]:
     fd, info = open_regular_with_stat(path, limit)
     try:
         return _read_sized(path, fd, info, limit), info
+    finally:
+        close_read(fd)
+
+
+def _estale_retried(read: Callable[[], R]) -> R:
+    """`read()`, and again after an ESTALE (`_after_estale`)."""
+    try:
+        return read()
+    except StoreIOError as exc:
+        if exc.errno != errno.ESTALE:
+            raise
+    return _after_estale(read)
+
+
+def _after_estale(read: Callable[[], R]) -> R:
+    """`read()` again after a read failed with ESTALE, up to _ESTALE_RETRIES times; the
+    last StoreIOError if the handle stays stale."""
+    tries = 1
+    while True:
+        try:
+            return read()
+        except StoreIOError as exc:
+            if exc.errno != errno.ESTALE or tries >= _ESTALE_RETRIES:
+                raise
+        tries += 1
+
+
+def read_uncached(path: str, limit: int = MAX_OBJECT_SIZE) -> bytes:
+    """The whole content of a regular file read again past the client's caches, for a
+    caller about to call what it read first damaged: a fresh open, and the file's cached
+    pages dropped before the read (a network filesystem's client may serve bytes it cached
+    before another client's write; FORMAT.md 11.5). Slower than `read_regular`: never the
+    first read."""
+    return _estale_retried(lambda: _read_uncached_once(path, limit))
+
+
+def _read_uncached_once(path: str, limit: int) -> bytes:
+    fd, info = open_regular_with_stat(path, limit)
+    try:
+        # Advice only: a filesystem may refuse it (and macOS lacks it), the read still happens.
+        with contextlib.suppress(OSError, AttributeError):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        return _read_sized(path, fd, info, limit)
     finally:
         close_read(fd)
 
@@ -203,7 +260,17 @@ def open_directory(path: str) -> int:
 def read_in(dir_fd: int, name: str, limit: int = MAX_OBJECT_SIZE) -> tuple[bytes, os.stat_result]:
     """Content and fstat of the regular file `name` in directory `dir_fd`, never following a
     symlink or blocking on a FIFO (UnsafeFileError for anything else). No path walk from the
-    root for each name: fsck reads every slot of a chain this way."""
+    root for each name: fsck reads every slot of a chain this way. Read again after an
+    ESTALE, like `read_regular_with_stat`."""
+    try:
+        return _read_in_once(dir_fd, name, limit)
+    except StoreIOError as exc:
+        if exc.errno != errno.ESTALE:
+            raise
+    return _after_estale(lambda: _read_in_once(dir_fd, name, limit))
+
+
+def _read_in_once(dir_fd: int, name: str, limit: int) -> tuple[bytes, os.stat_result]:
     fd = _open_read(name, name, dir_fd)
     try:
         info = _fstat_regular(name, fd, limit)
@@ -240,7 +307,12 @@ def read_regular(path: str, limit: int = MAX_OBJECT_SIZE) -> bytes:
 
 
 def read_prefix(path: str, size: int) -> bytes:
-    """At most the first `size` bytes of the regular file `path` (an object's header)."""
+    """At most the first `size` bytes of the regular file `path` (an object's header); read
+    again after an ESTALE, like `read_regular_with_stat`."""
+    return _estale_retried(lambda: _read_prefix_once(path, size))
+
+
+def _read_prefix_once(path: str, size: int) -> bytes:
     fd = open_regular(path, limit=1 << 62)  # only `size` bytes are read: any file will do
     try:
         with translated(path, "reading"):

@@ -7,6 +7,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 
 from castore import codec, fsio
 from castore.digest import hash_bytes
@@ -175,17 +176,26 @@ class ObjectStore:
             return False
 
     def read(self, object_id: str) -> bytes:
-        """The framed bytes of an object, re-hashed: corrupt bytes are never returned."""
+        """The framed bytes of an object, re-hashed: corrupt bytes are never returned. Bytes
+        that do not hash to the id are read once more, past the client's caches, before the
+        object counts as corrupt (a stale read on a shared filesystem, FORMAT.md 11.5)."""
         path = self.path(object_id)
-        try:
-            data = fsio.read_regular(path)
-        except FileNotFoundError:
-            raise ObjectMissingError(object_id, path) from None
+        data = self._read_file(object_id, path, fsio.read_regular)
+        if hash_bytes(data) == object_id:
+            return data
+        data = self._read_file(object_id, path, fsio.read_uncached)
         actual = hash_bytes(data)
         if actual != object_id:
             reason = "file is empty" if not data else f"its bytes hash to {actual}"
             raise ObjectCorruptError(object_id, path, reason)
         return data
+
+    @staticmethod
+    def _read_file(object_id: str, path: str, read: Callable[[str], bytes]) -> bytes:
+        try:
+            return read(path)
+        except FileNotFoundError:
+            raise ObjectMissingError(object_id, path) from None
 
     def get(self, object_id: str, kind: str) -> bytes:
         """The verified body of an object of `kind`."""

@@ -11,6 +11,9 @@ __all__ = ["Check", "DoctorReport", "run_doctor"]
 RACE_ROUNDS = 50
 """Rounds of each two-process race (O_CREAT|O_EXCL, and link())."""
 
+STALE_READ_TIMEOUT = 2.0
+"""Seconds a race winner's file that reads empty (a client's stale cache) is read again."""
+
 VISIBILITY_TIMEOUT = 3.0
 """Seconds a change made through one path may take to show through the other."""
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 from castore import doctor
 from castore.doctor.helpers import errno_answer, expect_line, read_line, send, spawn, stop
-from castore.doctor.primitives import Context, describe, read_bytes, write_new
+from castore.doctor.primitives import Context, describe, ms, read_bytes, write_new
 from castore.doctor.report import Verdict
 
 _RACER = r"""
@@ -55,6 +56,14 @@ for line in sys.stdin.buffer:
 """
 
 _RACE_OPS = {"create": "O_CREAT|O_EXCL", "link": "link()"}
+# What turns off the client caches that serve a file another client just wrote as empty
+# (GlusterFS with its defaults: md-cache, quick-read, open-behind, write-behind, and FUSE's
+# attribute and entry caches of 1 s each).
+STALE_READ_FIX = (
+    "on GlusterFS set performance.stat-prefetch, performance.quick-read, "
+    "performance.open-behind and performance.write-behind off, and mount with "
+    "--attribute-timeout=0 --entry-timeout=0 --negative-timeout=0"
+)
 
 
 def _race(ctx: Context, op: str) -> tuple[Verdict, str]:
@@ -65,6 +74,7 @@ def _race(ctx: Context, op: str) -> tuple[Verdict, str]:
     racers = [spawn(_RACER, a, "path", op), spawn(_RACER, other, other_label, op)]
     wins = [0, 0]
     loser_errors: dict[str, int] = {}
+    stale_delays: list[float] = []
     problems: list[str] = []
     try:
         for rnd in range(rounds):
@@ -78,7 +88,13 @@ def _race(ctx: Context, op: str) -> tuple[Verdict, str]:
                     break
             else:
                 problem = _judge_round(
-                    a, name, labels, answers, wins=wins, loser_errors=loser_errors
+                    a,
+                    name,
+                    labels,
+                    answers,
+                    wins=wins,
+                    loser_errors=loser_errors,
+                    stale_delays=stale_delays,
                 )
                 if problem:
                     problems.append(f"round {rnd}: {problem}")
@@ -98,16 +114,32 @@ def _race(ctx: Context, op: str) -> tuple[Verdict, str]:
     )
     if ctx.peer_given and ctx.b is None:
         detail += ctx.peer_note
-    odd = {k: v for k, v in loser_errors.items() if k != "EEXIST"}
-    if not odd:
+    warnings = _warnings(loser_errors, stale_delays, rounds)
+    if not warnings:
         return "ok", detail + "; every loser got EEXIST"
-    seen = ", ".join(f"{k} {v}x" for k, v in sorted(loser_errors.items()))
-    return "warn", (
-        f"{detail}; but losers did not always get EEXIST ({seen}): the name was still made "
-        "exactly once, so castore must treat any failed exclusive create or link as 'maybe lost' "
-        "and lstat the name before calling it an error (sshfs reports SFTP's generic failure, "
-        "which is what the server sends for EEXIST, as EPERM)"
-    )
+    return "warn", f"{detail}; but " + "; and ".join(warnings)
+
+
+def _warnings(loser_errors: dict[str, int], stale_delays: list[float], rounds: int) -> list[str]:
+    """What held only with help: losers that did not get EEXIST, winners read stale first."""
+    warnings = []
+    if any(k != "EEXIST" for k in loser_errors):
+        seen = ", ".join(f"{k} {v}x" for k, v in sorted(loser_errors.items()))
+        warnings.append(
+            f"losers did not always get EEXIST ({seen}): the name was still made exactly "
+            "once, so castore must treat any failed exclusive create or link as 'maybe lost' "
+            "and lstat the name before calling it an error (sshfs reports SFTP's generic "
+            "failure, which is what the server sends for EEXIST, as EPERM)"
+        )
+    if stale_delays:
+        warnings.append(
+            f"{len(stale_delays)} of {rounds} winners' files first read empty or short through "
+            f"path, and whole after re-reading for up to {ms(max(stale_delays))}: this client "
+            "serves stale reads of a file another process just wrote (castore never reads a "
+            "name written in place, so it holds; a tool that does would not); to turn these "
+            f"caches off, {STALE_READ_FIX}"
+        )
+    return warnings
 
 
 def _answers(answers: list[str]) -> str:
@@ -122,23 +154,44 @@ def _judge_round(
     *,
     wins: list[int],
     loser_errors: dict[str, int],
+    stale_delays: list[float],
 ) -> str | None:
-    """What was wrong with one round, or None; counts wins and the losers' errors."""
+    """What was wrong with one round, or None; counts wins and the losers' errors, and
+    records how long the winner's file took to read whole when it first read short."""
     winners = [i for i, ans in enumerate(answers) if ans == "won"]
     if len(winners) != 1:
         return f"{len(winners)} winners ({_answers(answers)})"
     winner = winners[0]
+    expected = f"{labels[winner]}:{name}".encode()
     try:
-        content = read_bytes(os.path.join(directory, name))
+        content, delay = _read_winner(os.path.join(directory, name), expected)
     except OSError as exc:
         return f"the winner's file cannot be read: {describe(exc)}"
-    if content != f"{labels[winner]}:{name}".encode():
+    if content != expected:
         return f"the file holds {content[:40]!r}, not the winner's content"
+    if delay is not None:
+        stale_delays.append(delay)
     wins[winner] += 1
     loser = answers[1 - winner]
     key = "EEXIST" if loser == "lost" else errno_answer(loser).split()[0]
     loser_errors[key] = loser_errors.get(key, 0) + 1
     return None
+
+
+def _read_winner(path: str, expected: bytes) -> tuple[bytes, float | None]:
+    """The content of the winner's file, read again while it reads as a strict prefix of
+    `expected` (empty, most often), for at most doctor.STALE_READ_TIMEOUT: a client may
+    serve its cached empty view of a file the other client has since written (GlusterFS'
+    default caches, for up to 1 s). The seconds until it read whole, None if at once."""
+    content = read_bytes(path)
+    if content == expected or not expected.startswith(content):
+        return content, None
+    started = time.monotonic()
+    deadline = started + doctor.STALE_READ_TIMEOUT
+    while expected.startswith(content) and content != expected and time.monotonic() < deadline:
+        time.sleep(0.01)  # a poll interval while the client's cache expires
+        content = read_bytes(path)
+    return content, time.monotonic() - started
 
 
 def check_create_race(ctx: Context) -> tuple[Verdict, str]:
