@@ -410,7 +410,8 @@ class Run:
 
     def _close_sealer(self, sealer: Sealer, finish: bool) -> None:
         try:
-            if finish and self._stale is None and self.finished and not self.sealed_through_head():
+            due = self.finished and not self.sealed_through_head() and sealer.worth_finishing()
+            if finish and self._stale is None and due:
                 # Another writer moved HEAD on: this run is stale now, and that one seals.
                 with contextlib.suppress(ConflictError):
                     self.seal_now()

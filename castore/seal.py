@@ -10,8 +10,8 @@ The protocol, for a run whose newest anchor is (P0, T0):
    `seal.mark_written`;
 4. it removes slots <= T1 and their snapshot objects: `seal.pruned`.
 A crash before 2 leaves an unreferenced pack (gc removes it after the grace period); after 2
-and before 4 a resume finishes 3 and 4 (`finish_prune`). A finished task gets one SEAL commit
-that seals everything before it.
+and before 4 the next run of the task finishes 3 and 4 (`Sealer.finish_prune`). A finished
+task gets one SEAL commit that seals everything before it.
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from castore import crashpoints, fsio, packs
-from castore.digest import hash_bytes
+from castore import crashpoints, fsio, packs, sealmark
 from castore.errors import CastoreError, UsageError
 from castore.objects import ObjectStore
 from castore.records import Sealed
@@ -34,6 +33,10 @@ if TYPE_CHECKING:
     from castore.store import Store
 
 SEAL_EVERY = packs.MAX_SNAPSHOTS
+# A finished task is sealed whole only if this many snapshots (of SEAL_EVERY) lie past its
+# anchor: a shorter tail costs fewer inodes than the SEAL commit, pack and mark would save,
+# and a task of a few steps keeps the history a v1 reader of it would expect.
+FINISH_FRACTION = 64
 
 
 @attrs.frozen
@@ -72,29 +75,15 @@ def build_packs(
     return Sealed(written[-1], through), written
 
 
-def prune(objects: ObjectStore, slots: TaskSlots, anchor: Sealed, ids: list[str]) -> None:
-    """Steps 3 and 4 of the protocol, for an anchor a durable commit carries: the mark, then
-    the slots <= its `through` and the snapshot objects `ids` (those of the pruned slots)."""
-    write_mark(slots, anchor)
+def prune(slots: TaskSlots, anchor: Sealed) -> None:
+    """Steps 3 and 4 of the protocol, for an anchor a durable commit carries: the mark (only
+    ever moved forward), then the slots <= its `through` and their snapshot objects."""
+    mark = slots.mark()
+    if mark is None or mark.through < anchor.through:
+        sealmark.write(slots.task_dir, sealmark.Mark(anchor.pack, anchor.through))
     crashpoints.reach("seal.mark_written")
-    remove_slots(slots, anchor.through)
-    for object_id in ids:
-        fsio.remove_if_present(objects.path(object_id))
+    slots.prune(anchor.through)
     crashpoints.reach("seal.pruned")
-
-
-def write_mark(slots: TaskSlots, anchor: Sealed) -> None:
-    """The task's sealed mark (V1); lands with the v2 base (sealmark.py)."""
-    writer: Callable[[int, str], None] | None = getattr(slots, "write_mark", None)
-    if writer is not None:
-        writer(anchor.through, anchor.pack)
-
-
-def remove_slots(slots: TaskSlots, through: int) -> None:
-    """Slots <= `through` (TaskSlots.prune, V1); lands with the v2 base."""
-    pruner: Callable[[int], None] | None = getattr(slots, "prune", None)
-    if pruner is not None:
-        pruner(through)
 
 
 class Sealer:
@@ -128,6 +117,12 @@ class Sealer:
         self._jobs: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self._thread: threading.Thread | None = None
 
+    def worth_finishing(self) -> bool:
+        """True if enough snapshots lie past the anchor for a finished task to be sealed
+        whole: SEAL_EVERY / FINISH_FRACTION of them (at least 1)."""
+        with self._lock:
+            return len(self._tail) >= max(1, self._every // FINISH_FRACTION)
+
     def next_anchor(self) -> Sealed | None:
         """What the next commit carries: a pack published and not named yet, else the anchor."""
         with self._lock:
@@ -143,7 +138,7 @@ class Sealer:
 
         def job() -> None:
             fsio.fsync_dir(self._slots.directory)
-            finish_prune(self._objects, self._slots, anchor)
+            prune(self._slots, anchor)
 
         self._submit(job)
 
@@ -167,9 +162,8 @@ class Sealer:
         first = self._anchor.through + 1 if self._anchor is not None else 0
         count = anchor.through - first + 1
         sealed, self._tail = self._tail[:count], self._tail[count:]
-        ids = [hash_bytes(data) for data in sealed]
         self._parent, self._anchor, self._ready = sealed[-1], anchor, None
-        self._submit(lambda: prune(self._objects, self._slots, anchor, ids))
+        self._submit(lambda: prune(self._slots, anchor))
 
     def _build(self, chunk: list[bytes], anchor: Sealed | None, parent: bytes | None) -> None:
         newest, _ = build_packs(self._objects, chunk, anchor, parent, self._every)
@@ -225,21 +219,6 @@ class Sealer:
             self._jobs.put(None)
             self._thread.join()
             self._thread = None
-
-
-def finish_prune(objects: ObjectStore, slots: TaskSlots, anchor: Sealed) -> None:
-    """At resume: a durable commit carries `anchor` but the mark is behind it (a crash between
-    steps 2 and 4): write the mark and remove the slots it covers (their objects are read to
-    be named; what a crash left unnamed is gc's)."""
-    ids = []
-    for seq in slots.present():
-        if seq > anchor.through:
-            break
-        try:
-            ids.append(hash_bytes(slots.read(seq)))
-        except FileNotFoundError:
-            continue
-    prune(objects, slots, anchor, ids)
 
 
 def seal_task(store: Store, task_id: str) -> SealReport:

@@ -124,10 +124,9 @@ def verify_chain(
 
 
 def mark_through(slots: TaskSlots) -> int | None:
-    """The task's sealed mark (`through`), None without one (V1: TaskSlots.mark)."""
-    reader = getattr(slots, "mark", None)  # lands with the v2 base (sealmark.py)
-    mark = reader() if reader is not None else None
-    return None if mark is None else int(mark.through)
+    """The task's sealed mark (`through`), None without one; ChainError if it is damaged."""
+    mark = slots.mark()
+    return None if mark is None else mark.through
 
 
 @attrs.define
@@ -145,7 +144,7 @@ def _verify(
 ) -> VerifiedChain:
     task_id = slots.task_id
     head_seq, slot_data = _read_head_slot(slots)
-    _check_contiguous(slots, head_seq, (mark_through(slots) or -1) + 1)
+    _check_contiguous(slots, head_seq)
     head_id = hash_bytes(slot_data)
     # The slot and the object are one inode; reading the object proves it is published.
     data = _read_snapshot(objects, task_id, head_id, head_seq)
@@ -244,13 +243,14 @@ def _read_head_slot(slots: TaskSlots) -> tuple[int, bytes]:
     return head_seq, slot_data
 
 
-def _check_contiguous(slots: TaskSlots, head_seq: int, low: int = 0) -> None:
-    """Slots `low`..HEAD, no gap, nothing beyond (`low`: just above the sealed mark, below
-    which slots may be pruned). HEAD lookup is a binary search that trusts this; a deleted
-    middle slot would otherwise roll HEAD back and let a second successor commit."""
-    present = slots.present()  # sorted
-    count, shifted = missing_seqs([s - low for s in present if s >= low], head_seq - low, shown=5)
-    missing = [seq + low for seq in shifted]
+def _check_contiguous(slots: TaskSlots, head_seq: int) -> None:
+    """Slots from the lowest kept (0, or above the sealed mark) to HEAD, no gap, nothing
+    beyond. HEAD lookup is a binary search that trusts this; a deleted middle slot would
+    otherwise roll HEAD back and let a second successor commit."""
+    low = slots.lowest_kept()
+    present = [seq for seq in slots.present() if seq >= low]  # sorted
+    count, missing = missing_seqs([seq - low for seq in present], head_seq - low, shown=5)
+    missing = [seq + low for seq in missing]
     beyond = max(present, default=0) > head_seq + 1
     # A commit racing this walk may add slots past HEAD (a listing may even show head+2
     # before head+1); only a slot still missing below a present one is damage.
@@ -259,7 +259,8 @@ def _check_contiguous(slots: TaskSlots, head_seq: int, low: int = 0) -> None:
     if count:
         raise ChainError(
             slots.task_id,
-            f"chain slots are not contiguous: {len(present)} slots up to {max(present)}, "
+            f"chain slots are not contiguous: {len(present)} slots up to "
+            f"{max(present, default=head_seq)}, "
             f"missing {missing}{'...' if count > 5 else ''}",
             slots.directory,
         )

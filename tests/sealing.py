@@ -11,10 +11,10 @@ import pytest
 
 import castore
 import castore.store
-from castore import codec
+from castore import codec, packs
 from castore.digest import hash_bytes
 from castore.records import Plan, Snapshot, snapshot_version
-from castore.verify import decode_snapshot
+from castore.verify import decode_snapshot, verify_chain
 
 EVERY = 8  # seal every 8 commits: many packs from short tasks
 
@@ -51,6 +51,16 @@ def run_steps(store: castore.Store, task: str, plan: Plan, count: int | None = N
             index = int(step[1:])
             result = store.put_blob({"step": step}) if index % 5 == 4 else step
             run.commit_step(step, result)
+
+
+def framed_history(store: castore.Store, task: str) -> list[bytes]:
+    """Every snapshot of a verified task as its framed bytes, oldest first: from its packs
+    (newest pack first in the chain) and its tail."""
+    chain = verify_chain(store.objects, store._slots(task), keep_tail=True)
+    found: list[bytes] = []
+    for ref in reversed(chain.outcomes.pack_refs):
+        found += packs.parse(ref.id, store.objects.read(ref.id)).inflate()
+    return found + list(chain.tail)
 
 
 def frame_snapshot(snapshot: Snapshot) -> bytes:

@@ -9,7 +9,7 @@ from pathlib import Path
 import attrs
 import pytest
 from helpers import flip_bit, rewrite
-from sealing import EVERY, plan_of, rechain, run_steps, seal_often, v2_store
+from sealing import EVERY, framed_history, plan_of, rechain, run_steps, seal_often, v2_store
 
 import castore
 from castore import packs
@@ -102,8 +102,8 @@ def test_a_v1_store_never_seals(tmp_path: Path) -> None:
 def test_only_snapshots_with_an_anchor_are_framed_as_version_2(v2: castore.Store) -> None:
     """Before the first seal snapshots keep v1 bytes; from the commit naming a pack on, v2."""
     run_steps(v2, TASK, plan_of(20), 12)
-    slots = v2._slots(TASK)
-    headers = [slots.read(seq)[:9] for seq in range(13)]
+    headers = [data[:9] for data in framed_history(v2, TASK)]
+    assert 13 == len(headers)
     first_anchored = next(s for s in range(13) if headers[s] == b"castore 2")
     assert [b"castore 1"] * first_anchored == headers[:first_anchored]
     assert first_anchored >= EVERY
