@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from pathlib import Path
 
 import attrs
 import pytest
@@ -20,12 +19,8 @@ EVERY = 8  # seal every 8 commits: many packs from short tasks
 
 
 def v2_store(root: str | os.PathLike[str]) -> castore.Store:
-    """A new format v2 store at `root`. (Until the v2 base lands, Store.init writes a v1
-    marker: it is rewritten to 2 before anything else is written.)"""
+    """A new store at `root`, format v2 (checked: these tests are about v2)."""
     store = castore.Store.init(root)
-    if store.format_version != 2:
-        Path(store.layout.marker).write_bytes(b'{"format":"castore","version":2}\n')
-        store = castore.Store.open(root)
     assert 2 == store.format_version
     return store
 
