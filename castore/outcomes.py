@@ -5,11 +5,12 @@ A 1,000,000-step task has a million outcomes; holding them all would cost more t
 resume is allowed to (100 MB). So only the tail's are held; a sealed step is found through
 the index of its pack, newest pack first, each pack read and hash-checked again when its
 index is not in the bounded cache. Packs never change, so a step found in none of them stays
-not-found until the run records it (in the tail) or a new pack is added.
+not-found until the run records it (in the tail).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -91,13 +92,6 @@ class Outcomes(Mapping[str, Outcome]):
         """A newer outcome of its step, committed by the run."""
         self._tail[outcome.step] = outcome
 
-    def sealed(self, pack: PackRef) -> None:
-        """The run sealed `pack` (a new newest pack): outcomes it holds may now leave memory."""
-        self._packs = (pack, *self._packs)
-        self._tail = {k: v for k, v in self._tail.items() if v.seq > pack.last_seq}
-        self._misses.clear()
-        self._found.clear()
-
     def __getitem__(self, step: str) -> Outcome:
         found = self._tail.get(step) or self._found.get(step)
         if found is not None:
@@ -125,29 +119,31 @@ class Outcomes(Mapping[str, Outcome]):
     def __len__(self) -> int:
         return sum(1 for _ in self)
 
-    def _read(self, pack: PackRef) -> packs.Pack:
-        """A pack of the chain, read and hash-checked again (it was verified by the walk; a
-        file changed since is damage, said as the walk would say it)."""
-        if self._objects is None:
-            raise ChainError(self._task, f"pack {pack.id} read without a store")
+    @contextlib.contextmanager
+    def _reading(self, pack: PackRef) -> Iterator[None]:
+        """Damage met in a pack after the walk verified it is said as the walk would say it."""
         try:
-            return packs.parse(pack.id, self._objects.read(pack.id), self._objects.path(pack.id))
-        except (FormatVersionError, StoreIOError):
+            yield
+        except (ChainError, FormatVersionError, StoreIOError):
             raise
         except CastoreError as exc:
             raise ChainError(self._task, f"pack {pack.id}: {exc}", object_id=pack.id) from exc
+
+    def _read(self, pack: PackRef) -> packs.Pack:
+        """A pack of the chain, read and hash-checked again (a file changed since the walk is
+        damage)."""
+        if self._objects is None:
+            raise ChainError(self._task, f"pack {pack.id} read without a store")
+        with self._reading(pack):
+            return packs.parse(pack.id, self._objects.read(pack.id), self._objects.path(pack.id))
 
     def _index(self, pack: PackRef) -> dict[str, int]:
         index = self._indexes.get(pack.id)
         if index is not None:
             self._indexes.move_to_end(pack.id)
             return index
-        try:
+        with self._reading(pack):
             index = self._read(pack).index()
-        except CastoreError as exc:
-            if isinstance(exc, ChainError | FormatVersionError | StoreIOError):
-                raise
-            raise ChainError(self._task, f"pack {pack.id}: {exc}", object_id=pack.id) from exc
         self._indexes[pack.id] = index
         self._cached += len(index)
         while self._cached > _CACHED_STEPS and len(self._indexes) > 1:
@@ -156,14 +152,10 @@ class Outcomes(Mapping[str, Outcome]):
 
     def _load(self, pack: PackRef, step: str, seq: int) -> Outcome:
         """The outcome of `step` recorded at `seq` inside `pack` (inflating its data)."""
-        try:
+        with self._reading(pack):
             if self._inflated is None or self._inflated[0] != pack.id:
                 self._inflated = (pack.id, self._read(pack).inflate())
             framed = self._inflated[1][seq - pack.first_seq]
-        except CastoreError as exc:
-            if isinstance(exc, ChainError | FormatVersionError | StoreIOError):
-                raise
-            raise ChainError(self._task, f"pack {pack.id}: {exc}", object_id=pack.id) from exc
         outcome = outcome_of(decode_snapshot(self._task, pack.id, framed))
         if outcome is None or outcome.step != step or outcome.seq != seq:
             raise ChainError(

@@ -222,3 +222,37 @@ def test_the_sealed_history_hashes_the_same_whatever_reads_it(sealed: castore.St
     assert list(range(20, -1, -1)) == [snapshot.seq for _, snapshot in history]
     assert all(snapshot.parent == history[i + 1][0] for i, (_, snapshot) in enumerate(history[:-1]))
     assert hash_bytes(sealed._slots(TASK).read(20)) == history[0][0]
+
+
+def test_outcomes_of_sealed_steps_are_read_from_pack_indexes_on_demand(
+    sealed: castore.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A verified chain holds the tail's outcomes only; a sealed step is found through its
+    pack's index (read once, then cached), and a step done nowhere costs one pass."""
+    chain = sealed.verify(TASK)
+    reads: list[str] = []
+    real_read = sealed.objects.read
+
+    def counting(object_id: str) -> bytes:
+        reads.append(object_id)
+        return real_read(object_id)
+
+    monkeypatch.setattr(sealed.objects, "read", counting)
+    newest, older = chain.outcomes.pack_refs
+    assert 3 == chain.outcomes["s2"].seq  # in the older pack
+    assert "s2" == chain.outcomes["s2"].result
+    assert 19 == chain.outcomes["s18"].seq  # in the tail: no read
+    assert "s30" not in chain.outcomes
+    assert "s30" not in chain.outcomes  # the miss is remembered: no second pass
+    assert {newest.id, older.id} == set(reads)
+    assert len(reads) == len(set(reads)) + 1  # the older pack twice: index, then data
+    assert {f"s{i}" for i in range(20)} == set(chain.outcomes)
+
+
+def test_a_pack_damaged_after_the_walk_is_refused_when_read(sealed: castore.Store) -> None:
+    """Outcomes read later re-hash the pack: a pack changed since the walk is a ChainError."""
+    chain = sealed.verify(TASK)
+    pack_id = chain.outcomes.pack_refs[1].id
+    rewrite(Path(sealed.objects.path(pack_id)), flip_bit)
+    with pytest.raises(ChainError, match=pack_id):
+        chain.outcomes.get("s2")
