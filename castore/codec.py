@@ -16,12 +16,14 @@ import typing
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import attrs
 import cattrs
+from cattrs.gen import make_dict_unstructure_fn, override
 
 from castore import limits
 from castore.errors import EncodingError, FormatVersionError, ObjectTooLargeError
 from castore.fastdecode import decode_canonical_value, too_deep
-from castore.records import EffectState, TransitionKind
+from castore.records import EffectState, TransitionKind, omitted_fields
 
 # The version a new store's marker names. An object's header names the lowest version whose
 # reader understands it (docs/FORMAT.md §18): records that use only v1 fields keep their v1
@@ -45,6 +47,19 @@ converter = cattrs.Converter(forbid_extra_keys=True)
 # accepts exact types only, so each enum of the schema unstructures to its plain value.
 for _enum in (EffectState, TransitionKind):
     converter.register_unstructure_hook(_enum, lambda member: str(member.value))
+
+
+def _has_omitted(cls: object) -> bool:
+    return isinstance(cls, type) and attrs.has(cls) and bool(omitted_fields(cls))
+
+
+def _omitting_unstructure(cls: Any) -> Callable[[Any], dict[str, Any]]:
+    """Records with v2 fields leave them out while None: their v1 bytes stay the same."""
+    overrides = {name: override(omit_if_default=True) for name in omitted_fields(cls)}
+    return make_dict_unstructure_fn(cls, converter, **overrides)  # type: ignore[arg-type]
+
+
+converter.register_unstructure_hook_factory(_has_omitted, _omitting_unstructure)
 
 
 def _exact(cls: type[T]) -> Callable[[object, type[T]], T]:

@@ -26,8 +26,8 @@ from castore.effects import (
     unknown,
 )
 from castore.errors import EffectNotReadyError, OutcomeUnknownError, UsageError
+from castore.outcomes import Outcome
 from castore.records import EffectRecord, EffectState, Transition, TransitionKind
-from castore.verify import Outcome
 
 if TYPE_CHECKING:
     from castore.run import Run

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import socket
@@ -19,20 +20,24 @@ from castore.effects import ChainClock, NextAction, Service
 from castore.errors import CastoreError, CommitUncertainError, ConflictError, UsageError
 from castore.layout import validate_object_id
 from castore.objects import ObjectStore
+from castore.outcomes import Outcome
 from castore.records import (
     BlobRef,
     EffectRecord,
     EffectState,
     Frontier,
     Plan,
+    Sealed,
     Snapshot,
     Transition,
     TransitionKind,
     Writer,
+    snapshot_version,
 )
 from castore.refs import TaskSlots
+from castore.seal import Sealer, SealReport
 from castore.tasklock import TaskLock
-from castore.verify import Outcome, VerifiedChain
+from castore.verify import VerifiedChain, mark_through
 
 if TYPE_CHECKING:
     from castore.protocol import Call
@@ -59,6 +64,7 @@ class RunSettings:
     allow_fields: Collection[str] = ()
     snapshot_budget: int = guard.DEFAULT_SNAPSHOT_BUDGET
     clock: Clock = wall_clock_ms
+    seal_every: int | None = None  # format v2: seal every this many commits (None: never)
 
     def live_env(self) -> str | None:
         """The environment digest now (calling the source if it is a function)."""
@@ -73,7 +79,7 @@ def encode_snapshot(snapshot: Snapshot, settings: RunSettings) -> bytes:
     # enter: refuse_recorded_secrets).
     guard.refuse_secrets(builtins["transition"], settings.allow_fields, "$.transition")
     guard.refuse_secrets(builtins["effects"], settings.allow_fields, "$.effects")
-    data = codec.frame("snapshot", codec.encode_value(builtins))
+    data = codec.frame("snapshot", codec.encode_value(builtins), snapshot_version(snapshot))
     parts = {**builtins["transition"], "effects": builtins["effects"]}
     guard.check_size(data, parts, settings.snapshot_budget)
     return data
@@ -137,7 +143,7 @@ class Run:
         self.head_id = chain.head_id
         self._objects = objects
         self._slots = slots
-        self._outcomes: dict[str, Outcome] = dict(chain.outcomes)
+        self._outcomes = chain.outcomes.copy()  # sealed steps are looked up in their packs
         # Every time the chain holds, as far as a retention decision must know them.
         self.chain_clock: ChainClock = chain.clock.seen(chain.head.seq, chain.head.time_ms)
         self._settings = settings
@@ -150,6 +156,21 @@ class Run:
         self._writer = Writer(socket.gethostname(), os.getpid(), secrets.token_hex(8))
         # Set by resume when the environment check was deferred until in-flight effects settle.
         self.env_unverified = False
+        self._sealer: Sealer | None = None
+        if settings.seal_every is not None:
+            self._sealer = Sealer(
+                objects,
+                slots,
+                tail=chain.tail,
+                anchor=chain.head.sealed,
+                sealed_last=chain.sealed_last,
+                every=settings.seal_every,
+            )
+            through = mark_through(slots)
+            if chain.head.sealed is not None and (
+                through is None or through < chain.head.sealed.through
+            ):
+                self._sealer.finish_prune()  # a crash came between a seal's commit and prune
 
     # -- reading -------------------------------------------------------------------------
     @property
@@ -211,7 +232,7 @@ class Run:
             raise UsageError(f"blob {ref} is not in this store; store it with store.put_blob()")
         transition = Transition(TransitionKind.STEP, step=step_id, result=inline, result_ref=ref)
         snapshot_id = self.advance(transition, self.head.effects, move_frontier=True)
-        self._outcomes[step_id] = Outcome(step_id, self.head.seq, inline, ref)
+        self._outcomes.record(Outcome(step_id, self.head.seq, inline, ref))
         return snapshot_id
 
     def _frontier_step(self, step_id: str) -> Any:
@@ -230,8 +251,11 @@ class Run:
         move_frontier: bool = False,
         frontier: Frontier | None = None,
         plan_id: str | None = None,
+        sealed: Sealed | None = None,
     ) -> str:
-        """Commit one transition as the successor of HEAD. Any loss makes this run stale."""
+        """Commit one transition as the successor of HEAD. Any loss makes this run stale.
+        The snapshot carries `sealed`, else a pack the sealer published since the last
+        commit, else HEAD's anchor (v2: an anchor is carried forward, never dropped)."""
         if self._stale is not None:
             raise self._stale
         # Until an in-flight effect is settled, a changed environment is unexplained: keep the
@@ -260,6 +284,7 @@ class Run:
             env=anchor,
             time_ms=self._settings.clock(),
             writer=self._writer,
+            sealed=sealed or self._next_anchor(),
         )
         data = encode_snapshot(snapshot, self._settings)
         if not self._head_durable:
@@ -276,7 +301,41 @@ class Run:
             self.head.time_ms, snapshot.seq, snapshot.time_ms
         )
         self.head, self.head_id = snapshot, snapshot_id
+        if self._sealer is not None:
+            self._sealer.committed(data, snapshot.sealed)
         return snapshot_id
+
+    def _next_anchor(self) -> Sealed | None:
+        return self._sealer.next_anchor() if self._sealer is not None else self.head.sealed
+
+    # -- sealing (format v2) --------------------------------------------------------------
+    def sealed_through_head(self) -> bool:
+        """True if HEAD is a SEAL commit whose anchor holds everything before it."""
+        head = self.head
+        return (
+            head.transition.kind is TransitionKind.SEAL
+            and head.sealed is not None
+            and head.sealed.through == head.seq - 1
+        )
+
+    def seal_now(self) -> SealReport:
+        """Seal everything up to HEAD (packs built now), then commit a SEAL snapshot naming
+        the newest pack; its mark and prune follow before this returns."""
+        if self._sealer is None:
+            raise UsageError(
+                f"task {self.task_id!r} is in a format v1 store, which has no packs: "
+                "run `castore upgrade` first"
+            )
+        if self.sealed_through_head():
+            return SealReport(self.task_id, (), self.head.sealed, None)
+        anchor, written = self._sealer.seal_all()
+        snapshot_id = self.advance(
+            Transition(TransitionKind.SEAL), self.head.effects, sealed=anchor
+        )
+        self._sealer.drain()
+        if self._sealer.error is not None:
+            raise self._sealer.error
+        return SealReport(self.task_id, tuple(written), anchor, snapshot_id)
 
     def now_ms(self) -> int:
         return self._settings.clock()
@@ -285,7 +344,7 @@ class Run:
         return self._settings.live_env()
 
     def record_outcome(self, outcome: Outcome) -> None:
-        self._outcomes[outcome.step] = outcome
+        self._outcomes.record(outcome)
 
     # -- effects (the protocol itself is in castore.protocol) --------------------------
     def next_action(self, step_id: str | None = None) -> NextAction:
@@ -333,13 +392,34 @@ class Run:
         return self._stale is not None
 
     # -- lifetime --------------------------------------------------------------------------
-    def close(self) -> None:
-        """Release the task's local lock (the run may not commit afterwards)."""
-        if self._lock is not None:
-            self._lock.release()
-            self._lock = None
-        if self._stale is None:
-            self._stale = UsageError(f"the run of task {self.task_id!r} is closed; resume the task")
+    def close(self, *, finish: bool = True) -> None:
+        """Release the task's local lock (the run may not commit afterwards). In a v2 store, a
+        finished task is first sealed whole (one SEAL commit) and the sealing thread joined;
+        an error it met is raised here. `finish=False` (an exception is in flight): no seal."""
+        try:
+            if self._sealer is not None:
+                self._close_sealer(self._sealer, finish)
+        finally:
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
+            if self._stale is None:
+                self._stale = UsageError(
+                    f"the run of task {self.task_id!r} is closed; resume the task"
+                )
+
+    def _close_sealer(self, sealer: Sealer, finish: bool) -> None:
+        try:
+            due = self.finished and not self.sealed_through_head() and sealer.worth_finishing()
+            if finish and self._stale is None and due:
+                # Another writer moved HEAD on: this run is stale now, and that one seals.
+                with contextlib.suppress(ConflictError):
+                    self.seal_now()
+        finally:
+            self._sealer = None
+            sealer.close()
+        if sealer.error is not None and finish:
+            raise sealer.error
 
     def __enter__(self) -> Run:
         return self
@@ -350,4 +430,4 @@ class Run:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close()
+        self.close(finish=exc is None)

@@ -9,6 +9,7 @@ from collections.abc import Collection, Iterator
 from typing import Any
 
 from castore import codec, fsio, gate, resolution, status, storeinit
+from castore.digest import hash_bytes
 from castore.errors import (
     ConflictError,
     FormatVersionError,
@@ -25,6 +26,8 @@ from castore.errors import (
 from castore.guard import DEFAULT_SNAPSHOT_BUDGET, refuse_secrets
 from castore.layout import CHAIN_DIR, MARK_NAME, Layout, decode_task_id, slot_name
 from castore.objects import ObjectStore
+from castore.outcomes import Outcomes
+from castore.packwalk import read_pack
 from castore.plans import plan_bytes, validate_plan
 from castore.plans import plan_id as plan_digest
 from castore.records import BlobRef, Plan, Snapshot
@@ -39,6 +42,7 @@ from castore.run import (
     refuse_recorded_secrets,
     wall_clock_ms,
 )
+from castore.seal import SEAL_EVERY
 from castore.status import TaskStatus
 from castore.tasklock import TaskLock
 from castore.verify import (
@@ -209,7 +213,7 @@ class Store:
     ) -> Run:
         """Create task `task_id` with `plan` and return its run; TaskExistsError if it exists."""
         slots = self._slots(task_id)
-        settings = RunSettings(env, allow_fields, self._budget, self._clock)
+        settings = RunSettings(env, allow_fields, self._budget, self._clock, self._seal_every)
         validate_plan(plan)
         # Built and checked (a secret in the id or the env anchor) before anything is written.
         head = initial_snapshot(task_id, plan, plan_digest(plan), settings)
@@ -222,7 +226,9 @@ class Store:
                 head_id = slots.commit(data, 0, "<none: new task>", (plan_id,))
             except ConflictError:
                 raise TaskExistsError(task_id) from None
-        chain = VerifiedChain(task_id, head, head_id, plan, plan_id, plan_id, {}, (head_id,))
+        chain = VerifiedChain(
+            task_id, head, head_id, plan, plan_id, plan_id, Outcomes(), 1, tail=(data,)
+        )
         return Run(self.objects, slots, chain, settings, lock)
 
     def resume(
@@ -236,12 +242,12 @@ class Store:
     ) -> Run:
         """Verify task `task_id` from HEAD to its plan root, pass the gate, return its run."""
         slots = self._slots(task_id)
-        settings = RunSettings(env, allow_fields, self._budget, self._clock)
+        settings = RunSettings(env, allow_fields, self._budget, self._clock, self._seal_every)
         refuse_recorded_secrets(task_id, None, settings)  # each commit would write it again
         validate_plan(plan)
         plan_id = plan_digest(plan)
         with self._locked(task_id, lock_timeout) as lock:
-            chain = verify_chain(self.objects, slots, (plan_id, plan))
+            chain = verify_chain(self.objects, slots, (plan_id, plan), keep_tail=self._sealing)
             gate.check_plan(chain, plan, plan_id)
             gate.check_frontier(task_id, chain.head, chain.plan)
             gate.check_keys(task_id, chain.head)
@@ -309,17 +315,35 @@ class Store:
             return status.broken(task_id, exc)
         return status.describe(head, self._clock())
 
-    def _decision_run(self, task_id: str, *, keep_env: bool, env: EnvSource = None) -> Run:
+    def _decision_run(
+        self, task_id: str, *, keep_env: bool, env: EnvSource = None, seal: bool = False
+    ) -> Run:
         """A run for recording a person's decision: the chain must verify, the drift checks
-        are what the decision is about, so they are not applied."""
+        are what the decision is about, so they are not applied. `seal`: a run that seals
+        (`seal_run`); a decision run otherwise only carries HEAD's anchor forward."""
         slots = self._slots(task_id)
         if not slots.started():
             raise TaskNotFoundError(task_id)  # before the lock, which would create files
         with self._locked(task_id, DEFAULT_LOCK_TIMEOUT) as lock:
-            chain = verify_chain(self.objects, slots)
+            chain = verify_chain(self.objects, slots, keep_tail=seal and self._sealing)
         anchor: EnvSource = chain.head.env if keep_env else env
-        settings = RunSettings(anchor, (), self._budget, self._clock)
+        every = self._seal_every if seal else None
+        settings = RunSettings(anchor, (), self._budget, self._clock, every)
         return Run(self.objects, slots, chain, settings, lock)
+
+    def seal_run(self, task_id: str) -> Run:
+        """A run of task `task_id` for sealing it (`castore.seal.seal_task`): its chain must
+        verify; no gate check applies, since a SEAL commit changes nothing but the anchor."""
+        return self._decision_run(task_id, keep_env=True, seal=True)
+
+    @property
+    def _sealing(self) -> bool:
+        return self.format_version >= 2
+
+    @property
+    def _seal_every(self) -> int | None:
+        """How often runs seal: format v2 only (a v1 store gets nothing v1 cannot read)."""
+        return SEAL_EVERY if self._sealing else None
 
     def verify(self, task_id: str) -> VerifiedChain:
         """Verify one task's chain without resuming it (read-only; ChainError if broken)."""
@@ -348,9 +372,16 @@ class Store:
         return sorted(found)
 
     def history(self, task_id: str) -> list[tuple[str, Snapshot]]:
-        """(id, snapshot) for every snapshot of a verified task, newest first."""
-        chain = verify_chain(self.objects, self._slots(task_id))
-        return [(i, decode_snapshot(self.objects.read(i))) for i in chain.ids]
+        """(id, snapshot) for every snapshot of a verified task, newest first: the tail as
+        the walk kept it, then each pack's snapshots (its digest was verified by the walk)."""
+        chain = verify_chain(self.objects, self._slots(task_id), keep_tail=True)
+        found = [(hash_bytes(data), decode_snapshot(data)) for data in reversed(chain.tail)]
+        for ref in chain.outcomes.pack_refs:
+            pack = read_pack(self.objects, task_id, ref.id)
+            found += [
+                (hash_bytes(data), decode_snapshot(data)) for data in reversed(pack.inflate())
+            ]
+        return found
 
     # -- objects -----------------------------------------------------------------------------
     def put_plan(self, plan: Plan) -> str:

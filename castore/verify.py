@@ -14,33 +14,28 @@ from castore.errors import (
     CastoreError,
     ChainError,
     FormatVersionError,
-    IllegalHistoryError,
     StoreIOError,
     TaskNotFoundError,
     UnknownVersionError,
 )
 from castore.fastdecode import decode_canonical
-from castore.history import illegal_changes
 from castore.layout import missing_seqs, validate_object_id
+from castore.links import check_anchor
+from castore.links import check_history as _check_history
+from castore.links import check_link as _check_link
+from castore.links import decode_snapshot as _decode_snapshot
 from castore.objects import ObjectStore
-from castore.records import EffectState, Plan, Snapshot, TransitionKind
+from castore.outcomes import Outcome, Outcomes, PackRef, outcome_of
+from castore.packwalk import verify_sealed
+from castore.records import Plan, Sealed, Snapshot
 from castore.refs import TaskSlots
 
 
 @attrs.frozen
-class Outcome:
-    """What a finished step or effect left: its result (inline or blob) or its receipt."""
-
-    step: str
-    seq: int
-    result: Any = None
-    result_ref: str | None = None
-    receipt: str | None = None
-
-
-@attrs.frozen
 class VerifiedChain:
-    """A task's chain after every hash and link was checked."""
+    """A task's chain after every hash and link was checked: the tail link by link, the
+    sealed history (if any) through its packs. Holds no list of every snapshot: what it keeps
+    costs the tail, and `outcomes` looks sealed steps up in their packs."""
 
     task: str
     head: Snapshot
@@ -48,15 +43,13 @@ class VerifiedChain:
     plan: Plan
     plan_id: str
     root_plan_id: str
-    outcomes: dict[str, Outcome]
-    ids: tuple[str, ...]  # every snapshot id, newest first
-    clock: ChainClock = attrs.field(
-        factory=ChainClock
-    )  # what the chain shows of its writers' clocks
-
-    @property
-    def length(self) -> int:
-        return len(self.ids)
+    outcomes: Outcomes
+    length: int  # snapshots 0..HEAD
+    clock: ChainClock = attrs.field(factory=ChainClock)  # what it shows of writers' clocks
+    # The tail's framed snapshots, oldest first (only when asked for: the sealer uses them),
+    # and the newest pack's last snapshot, the parent of the tail's oldest.
+    tail: tuple[bytes, ...] = ()
+    sealed_last: bytes | None = None
 
 
 def decode_snapshot(data: bytes) -> Snapshot:
@@ -68,54 +61,20 @@ def decode_snapshot(data: bytes) -> Snapshot:
 
 
 def named_ids(entry: object) -> Iterator[str]:
-    """The object ids a decoded (unverified) snapshot names: plan, parent, result blob.
+    """The object ids a decoded (unverified) snapshot names: plan, parent, result blob, pack.
     gc keeps and fsck checks exactly these, so both read them here."""
     if not isinstance(entry, dict):
         return
     transition = entry.get("transition")
+    sealed = entry.get("sealed")
     for value in (
         entry.get("plan"),
         entry.get("parent"),
         transition.get("result_ref") if isinstance(transition, dict) else None,
+        sealed.get("pack") if isinstance(sealed, dict) else None,
     ):
         if isinstance(value, str):
             yield value
-
-
-def _decode_snapshot(task_id: str, object_id: str, data: bytes) -> Snapshot:
-    """A snapshot object as its record; ChainError naming what is wrong with it."""
-    try:
-        kind, body = codec.unframe(data, object_id)
-    except codec.FrameError as exc:
-        raise ChainError(
-            task_id, f"snapshot {object_id}: {exc.reason}", object_id=object_id
-        ) from None
-    if kind != "snapshot":
-        raise ChainError(task_id, f"{object_id} is a {kind}, not a snapshot", object_id=object_id)
-    fast = decode_canonical(body, Snapshot)  # every body castore writes takes this path
-    if fast is not None:
-        return fast
-    try:
-        decoded = codec.decode_value(body)
-    except ValueError:
-        raise ChainError(
-            task_id, f"snapshot {object_id} does not decode", object_id=object_id
-        ) from None
-    if not isinstance(decoded, dict):
-        raise ChainError(task_id, f"snapshot {object_id} is not a record", object_id=object_id)
-    for name, types in _LINK_FIELDS.items():
-        if name not in decoded or type(decoded[name]) not in types:
-            raise ChainError(
-                task_id, f"snapshot {object_id} lacks a valid {name!r} field", object_id=object_id
-            )
-    try:
-        return codec.from_builtins(decoded, Snapshot)
-    except Exception as exc:
-        raise ChainError(
-            task_id,
-            f"snapshot {object_id} is not a valid snapshot record: {exc}",
-            object_id=object_id,
-        ) from exc
 
 
 def _read_snapshot(objects: ObjectStore, task_id: str, object_id: object, seq: int) -> bytes:
@@ -133,30 +92,55 @@ def _read_snapshot(objects: ObjectStore, task_id: str, object_id: object, seq: i
         ) from exc
 
 
-def _record_outcome(outcomes: dict[str, Outcome], snapshot: Snapshot) -> None:
-    transition = snapshot.transition
-    step = transition.step
-    if step is None or step in outcomes:
-        return  # the newest outcome of a step wins: the walk goes newest first
-    if transition.kind is TransitionKind.STEP:
-        outcomes[step] = Outcome(step, snapshot.seq, transition.result, transition.result_ref)
-    elif transition.effect_to is EffectState.CONFIRMED:
-        outcomes[step] = Outcome(step, snapshot.seq, receipt=transition.receipt)
+# A reader that meets a slot or object gone mid-walk (its writer sealed and pruned meanwhile)
+# starts over from the new HEAD, this many times, before calling the chain broken.
+_RESTARTS = 2
 
 
 def verify_chain(
-    objects: ObjectStore, slots: TaskSlots, expected_plan: tuple[str, Plan] | None = None
+    objects: ObjectStore,
+    slots: TaskSlots,
+    expected_plan: tuple[str, Plan] | None = None,
+    *,
+    keep_tail: bool = False,
 ) -> VerifiedChain:
     """Every hash, parent link, sequence number and the plan root of one task, or ChainError
-    (UnknownVersionError for an object of a format version this castore does not read)."""
+    (UnknownVersionError for an object of a format version this castore does not read): the
+    tail link by link, the sealed history by its packs' digests. `keep_tail`: keep the tail's
+    bytes in the result (a run seals from them)."""
     try:
-        return _verify(objects, slots, expected_plan)
+        for attempt in range(_RESTARTS + 1):
+            through = mark_through(slots)
+            try:
+                return _verify(objects, slots, expected_plan, keep_tail)
+            except ChainError:
+                # The mark only moves after a seal is durable, and moves before any prune:
+                # unmoved, nothing was pruned under this walk and the damage is real.
+                if attempt == _RESTARTS or mark_through(slots) == through:
+                    raise
+        raise AssertionError("not reached")
     except FormatVersionError as exc:
         raise UnknownVersionError(slots.task_id, exc) from exc
 
 
+def mark_through(slots: TaskSlots) -> int | None:
+    """The task's sealed mark (`through`), None without one; ChainError if it is damaged."""
+    mark = slots.mark()
+    return None if mark is None else mark.through
+
+
+@attrs.define
+class _Tail:
+    """What the walk of the tail gathers."""
+
+    outcomes: dict[str, Outcome] = attrs.field(factory=dict)
+    anchors: set[Sealed] = attrs.field(factory=set)
+    framed: list[bytes] = attrs.field(factory=list)
+    clock: ChainClock = attrs.field(factory=ChainClock)
+
+
 def _verify(
-    objects: ObjectStore, slots: TaskSlots, expected_plan: tuple[str, Plan] | None
+    objects: ObjectStore, slots: TaskSlots, expected_plan: tuple[str, Plan] | None, keep: bool
 ) -> VerifiedChain:
     task_id = slots.task_id
     head_seq, slot_data = _read_head_slot(slots)
@@ -164,47 +148,67 @@ def _verify(
     head_id = hash_bytes(slot_data)
     # The slot and the object are one inode; reading the object proves it is published.
     data = _read_snapshot(objects, task_id, head_id, head_seq)
-    outcomes: dict[str, Outcome] = {}
-    current_id, expected_seq = head_id, head_seq
-    head: Snapshot | None = None
-    child: Snapshot | None = None
-    clock = ChainClock()
-    seen: list[str] = []
-    seen_set: set[str] = set()
-    while True:
-        try:
-            snapshot = _decode_snapshot(task_id, current_id, data)
-            _check_link(task_id, current_id, snapshot, expected_seq, child)
-        except ChainError as exc:
-            if exc.seq is not None:
-                raise
-            raise exc.at_slot(expected_seq) from exc
-        clock = clock.seen(snapshot.seq, snapshot.time_ms)
-        if child is not None:
-            _check_history(task_id, snapshot, child, seen[-1])
-            clock = clock.linked(snapshot.time_ms, child.seq, child.time_ms)
-        head = head or snapshot
-        _record_outcome(outcomes, snapshot)
-        seen.append(current_id)
-        seen_set.add(current_id)
-        parent = snapshot.parent
-        if parent is None:  # sequence 0: _check_link saw to it
+    head = _decode_at(task_id, head_id, data, head_seq, None)
+    anchor = head.sealed
+    floor = anchor.through + 1 if anchor is not None else 0
+    tail = _Tail()
+    current_id, expected_seq, snapshot = head_id, head_seq, head
+    while True:  # HEAD down to the oldest unsealed snapshot, link by link
+        tail.clock = tail.clock.seen(snapshot.seq, snapshot.time_ms)
+        outcome = outcome_of(snapshot)
+        if outcome is not None and outcome.step not in tail.outcomes:
+            tail.outcomes[outcome.step] = outcome  # newest first: the newest outcome wins
+        if snapshot.sealed is not None:
+            tail.anchors.add(snapshot.sealed)
+        if keep:
+            tail.framed.append(data)
+        if expected_seq == floor:
             break
-        if parent in seen_set:  # unreachable while seq strictly decreases; kept as a guard
-            raise ChainError(task_id, f"cycle: {current_id} names {parent} again", object_id=parent)
+        # _check_link saw that a snapshot past sequence 0 names a parent; sequence numbers
+        # strictly decrease, so no walk can cycle.
+        parent = str(snapshot.parent)
         data = _read_snapshot(objects, task_id, parent, expected_seq - 1)
-        child, current_id, expected_seq = snapshot, parent, expected_seq - 1
-    return _finish(
-        objects,
-        task_id=task_id,
-        head=head,
-        head_id=head_id,
-        root_plan=snapshot.plan,
-        outcomes=outcomes,
-        ids=tuple(seen),
-        expected_plan=expected_plan,
-        clock=clock,
+        older = _decode_at(task_id, parent, data, expected_seq - 1, snapshot)
+        _check_history(task_id, older, snapshot, current_id)
+        check_anchor(task_id, older, snapshot, current_id)
+        tail.clock = tail.clock.linked(older.time_ms, snapshot.seq, snapshot.time_ms)
+        current_id, expected_seq, snapshot = parent, expected_seq - 1, older
+    root_plan, clock, sealed_last = snapshot.plan, tail.clock, None
+    refs: tuple[PackRef, ...] = ()
+    if anchor is not None:
+        history = verify_sealed(
+            objects, task_id, anchor, (current_id, snapshot), clock=tail.clock, named=tail.anchors
+        )
+        root_plan, refs, clock = history.root_plan, history.packs, history.clock
+        sealed_last = history.last_bytes
+    plan, plan_id = _plans(objects, task_id, head, root_plan, expected_plan)
+    return VerifiedChain(
+        task_id,
+        head,
+        head_id,
+        plan,
+        plan_id,
+        root_plan,
+        Outcomes(objects, task_id, tail.outcomes, refs),
+        head_seq + 1,
+        clock,
+        tuple(reversed(tail.framed)),
+        sealed_last,
     )
+
+
+def _decode_at(
+    task_id: str, object_id: str, data: bytes, seq: int, child: Snapshot | None
+) -> Snapshot:
+    """The snapshot at `seq` decoded and its link fields checked, errors naming the slot."""
+    try:
+        snapshot = _decode_snapshot(task_id, object_id, data)
+        _check_link(task_id, object_id, snapshot, seq, child)
+    except ChainError as exc:
+        if exc.seq is not None:
+            raise
+        raise exc.at_slot(seq) from exc
+    return snapshot
 
 
 def _check_head_frame(task_id: str, path: str, data: bytes, seq: int) -> None:
@@ -216,14 +220,6 @@ def _check_head_frame(task_id: str, path: str, data: bytes, seq: int) -> None:
         raise ChainError(
             task_id, f"HEAD slot {seq} is damaged: {exc.reason}", path, seq=seq
         ) from None
-
-
-def _check_history(task_id: str, parent: Snapshot, child: Snapshot, child_id: str) -> None:
-    """The same rules fsck applies (`illegal-transition`): an intact but forged link (an
-    effect back to PLANNED, say) would otherwise make resume send it again."""
-    problems = illegal_changes(parent, child)
-    if problems:
-        raise IllegalHistoryError(task_id, child.seq, child_id, problems)
 
 
 def _read_head_slot(slots: TaskSlots) -> tuple[int, bytes]:
@@ -270,67 +266,14 @@ def _check_contiguous(slots: TaskSlots, head_seq: int) -> None:
         )
 
 
-# The fields the walk relies on, with their exact JSON types (full schema checks: fsck).
-_LINK_FIELDS: dict[str, tuple[type, ...]] = {
-    "task": (str,),
-    "seq": (int,),
-    "parent": (str, type(None)),
-    "plan": (str,),
-    "transition": (dict,),
-}
-
-
-def _check_link(
-    task_id: str, object_id: str, entry: Snapshot, seq: int, child: Snapshot | None
-) -> None:
-    is_start = entry.transition.kind is TransitionKind.START
-    if is_start != (seq == 0):
-        raise ChainError(
-            task_id,
-            f"snapshot {object_id} at sequence {seq} records "
-            f"{'a start' if is_start else 'no start'}; only sequence 0 starts a task",
-            object_id=object_id,
-        )
-    if entry.task != task_id:
-        raise ChainError(
-            task_id, f"snapshot {object_id} belongs to task {entry.task!r}", object_id=object_id
-        )
-    if entry.seq != seq:
-        raise ChainError(
-            task_id,
-            f"snapshot {object_id} has sequence {entry.seq}, expected {seq}",
-            object_id=object_id,
-        )
-    if (entry.parent is None) != (seq == 0):
-        raise ChainError(
-            task_id,
-            f"snapshot {object_id} at sequence {seq} has parent {entry.parent}",
-            object_id=object_id,
-        )
-    if child is not None and entry.plan != child.plan:
-        transition = child.transition
-        if transition.kind is not TransitionKind.OVERRIDE or transition.replaced != entry.plan:
-            raise ChainError(
-                task_id,
-                f"snapshot {object_id} names plan {entry.plan}, its child names {child.plan}",
-                object_id=object_id,
-            )
-
-
-def _finish(
+def _plans(
     objects: ObjectStore,
-    *,
     task_id: str,
-    head: Snapshot | None,
-    head_id: str,
+    head: Snapshot,
     root_plan: str,
-    outcomes: dict[str, Outcome],
-    ids: tuple[str, ...],
     expected_plan: tuple[str, Plan] | None,
-    clock: ChainClock,
-) -> VerifiedChain:
-    if head is None:
-        raise ChainError(task_id, "no snapshot was read", object_id=head_id)  # not reached
+) -> tuple[Plan, str]:
+    """HEAD's plan, verified and decoded, and the plan root verified too."""
     if expected_plan is not None and expected_plan[0] == head.plan:
         # The caller's plan has the same digest: verify the stored bytes, skip decoding them.
         _read_plan_bytes(objects, task_id, head.plan)
@@ -339,7 +282,7 @@ def _finish(
         plan = read_plan(objects, task_id, head.plan)
     if root_plan != head.plan:
         read_plan(objects, task_id, root_plan)  # the plan root must verify too
-    return VerifiedChain(task_id, head, head_id, plan, head.plan, root_plan, outcomes, ids, clock)
+    return plan, head.plan
 
 
 def _head_record(

@@ -287,7 +287,7 @@ def test_commit_step_fault(
     chain = store.verify(TASK)
     head = 3 if stale else 2
     assert head == chain.head.seq
-    assert head + 1 == len(chain.ids)
+    assert head + 1 == chain.length
     assert [] == misnamed_objects(store.root)
     assert [] == fsck_errors(store.root)
 

@@ -10,9 +10,15 @@ and its bytes on disk for the same payload.
 
 Last lines are key=value, with issue 13's targets: resume_100k_ms <= 50, resume_1m_ms <= 500,
 resume_1m_rss_mb <= 100, status_5000_s <= 0.5, watch_cpu_ms_per_commit_10k <= 1 (flat in history
-length), disk_per_payload <= 2, inodes_per_step <= 0.01. `--quick` divides every size by 10 (keys
-keep their names, values are for the smaller sizes: a smoke run, not a result). The 1M-step store
-needs about 4 GB and several minutes on format v1, so it is built only with `--with-1m`.
+length), disk_per_payload <= 2, inodes_per_step <= 0.01 (a finished, hence sealed, task).
+`resume_*_plan_digest_ms` is the part of a resume spent on the digest of the caller's plan, a
+cost of the long fixed plan rather than of the chain; `resume_*_chain_ms` is the chain's part
+(verify_chain given the caller's plan). `inodes_per_step_task` leaves out the 258 directories
+every store has from init (fan-out and tasks/), which do not grow with steps. `--quick` divides
+every size by 10 (keys keep their names, values are for the smaller sizes: a smoke run, not a
+result). The stores are
+format v2: runs seal every 4,096 commits and a finished task is sealed whole. The 1M-step store
+takes several minutes to build, so it is built only with `--with-1m`.
 `--only` runs some of the measurements (each builds its own store). `--watch-lengths` gives the
 chain lengths at which the watcher's CPU per commit is measured (`watch_cpu_ms_per_commit_10k=`
 for 10,000 steps, `_1k` for 1,000): the same figure at two lengths shows whether it is flat.
@@ -62,13 +68,51 @@ def plan_of(steps: int) -> Plan:
     return Plan.build(TASK, *(f"s{i}" for i in range(steps)))
 
 
+def new_store(root: str) -> Store:
+    """A new store: format v2, where runs seal."""
+    store = Store.init(root)
+    assert store.format_version >= 2, "the bench measures format v2"
+    return store
+
+
 def build_task(root: str, task: str, steps: int, *, store: Store | None = None) -> Store:
-    """A store (created if `store` is None) holding task `task` with `steps` committed steps."""
-    store = store or Store.init(root)
+    """A store (created if `store` is None) holding task `task` with `steps` committed steps,
+    finished: sealed every 4,096 commits as it ran, then whole by its SEAL commit at close."""
+    store = store or new_store(root)
     with no_fsync(), store.start(task, plan_of(steps)) as run:
         for step in run.pending():
             run.commit_step(step, payload(run.head.seq))
     return store
+
+
+def chain_verify_ms(store: Store, task: str, steps: int, rounds: int) -> float:
+    """Best of `rounds`: what a resume spends on the chain itself (HEAD to the plan root,
+    tail link by link, packs by digest), given the caller's plan and its digest."""
+    from castore.plans import plan_id
+    from castore.verify import verify_chain
+
+    plan = plan_of(steps)
+    expected = (plan_id(plan), plan)
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        verify_chain(store.objects, store._slots(task), expected, keep_tail=True)
+        best = min(best, time.perf_counter() - start)
+    return best * 1000
+
+
+def plan_digest_ms(steps: int, rounds: int) -> float:
+    """Best of `rounds`: the digest of the caller's plan, which every resume computes (the
+    gate compares it with the task's): what a long fixed plan costs, apart from the chain."""
+    from castore.plans import plan_id
+
+    plan = plan_of(steps)
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        plan_id(plan)
+        best = min(best, time.perf_counter() - start)
+    return best * 1000
 
 
 def resume_ms(store: Store, task: str, steps: int, rounds: int) -> float:
@@ -237,6 +281,37 @@ def sqlite_threads(path: str) -> SqliteThreads | None:
         return None
 
 
+def measure_resume(base: str, steps: int, label: str, rounds: int) -> dict[str, float]:
+    """resume_<label>_ms, its plan digest and chain parts, and its RSS, on a finished task."""
+    root = os.path.join(base, f"resume-{label}")
+    store = build_task(root, TASK, steps)
+    results = {
+        f"resume_{label}_ms": resume_ms(store, TASK, steps, rounds),
+        f"resume_{label}_plan_digest_ms": plan_digest_ms(steps, rounds),
+        f"resume_{label}_chain_ms": chain_verify_ms(store, TASK, steps, rounds),
+        f"resume_{label}_rss_mb": resume_rss_mb(root, steps),
+    }
+    shutil.rmtree(root)
+    return results
+
+
+def measure_disk(base: str, steps: int) -> dict[str, float]:
+    """Bytes and inodes of a finished (sealed) task of `steps` steps of ~200 B each."""
+    root = os.path.join(base, "small")
+    build_task(root, TASK, steps)
+    allocated, inodes = disk_usage(root)
+    empty = os.path.join(base, "empty")
+    new_store(empty)
+    skeleton = disk_usage(empty)[1]  # the store's own directories, shared by all its tasks
+    shutil.rmtree(empty)
+    shutil.rmtree(root)
+    return {
+        "disk_per_payload": allocated / (steps * len(payload(0))),
+        "inodes_per_step": inodes / steps,
+        "inodes_per_step_task": (inodes - skeleton) / steps,
+    }
+
+
 def measure(base: str, args: argparse.Namespace) -> dict[str, float]:
     scale = 10 if args.quick else 1
     results: dict[str, float] = {}
@@ -248,40 +323,26 @@ def measure(base: str, args: argparse.Namespace) -> dict[str, float]:
     )
 
     if "resume" in args.only:
-        root = os.path.join(base, "long")
-        store = build_task(root, TASK, long_steps)
-        results["resume_100k_ms"] = resume_ms(store, TASK, long_steps, args.rounds)
-        results["resume_100k_rss_mb"] = resume_rss_mb(root, long_steps)
-        shutil.rmtree(root)
+        results.update(measure_resume(base, long_steps, "100k", args.rounds))
         print(f"resume of {long_steps} steps: {results['resume_100k_ms']:.1f} ms", file=sys.stderr)
 
     if args.with_1m:
-        root = os.path.join(base, "million")
-        steps = 1_000_000 // scale
-        store = build_task(root, TASK, steps)
-        results["resume_1m_ms"] = resume_ms(store, TASK, steps, args.rounds)
-        results["resume_1m_rss_mb"] = resume_rss_mb(root, steps)
-        shutil.rmtree(root)
+        results.update(measure_resume(base, 1_000_000 // scale, "1m", args.rounds))
 
     if "disk" in args.only:
-        root = os.path.join(base, "small")
-        build_task(root, TASK, small_steps)
-        allocated, inodes = disk_usage(root)
-        results["disk_per_payload"] = allocated / (small_steps * len(payload(0)))
-        results["inodes_per_step"] = inodes / small_steps
-        shutil.rmtree(root)
+        results.update(measure_disk(base, small_steps))
 
     if "watch" in args.only:
         for length in args.watch_lengths:
             root = os.path.join(base, f"watch-{length}")
-            Store.init(root)
+            new_store(root)
             per_commit = watch_cpu_ms_per_commit(root, length // scale, 200, args.watch_pace)
             results[f"watch_cpu_ms_per_commit_{size_label(length)}"] = per_commit
             shutil.rmtree(root)
 
     if "status" in args.only:
         root = os.path.join(base, "many")
-        store = Store.init(root)
+        store = new_store(root)
         for t in range(tasks):
             build_task(root, f"task-{t:05d}", task_steps, store=store)
         results["status_5000_s"] = min(cli("status", "--store", root) for _ in range(args.rounds))

@@ -1,0 +1,170 @@
+"""What each finished step left, for a verified chain: the tail's outcomes in memory, the
+sealed ones looked up lazily in the packs that hold them (FORMAT.md 7.5, section 3).
+
+A 1,000,000-step task has a million outcomes; holding them all would cost more than the
+resume is allowed to (100 MB). So only the tail's are held; a sealed step is found through
+the index of its pack, newest pack first, each pack read and hash-checked again when its
+index is not in the bounded cache. Packs never change, so a step found in none of them stays
+not-found until the run records it (in the tail).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import attrs
+
+from castore import packs
+from castore.errors import CastoreError, ChainError, FormatVersionError, StoreIOError
+from castore.links import decode_snapshot
+from castore.objects import ObjectStore
+from castore.records import Snapshot, TransitionKind
+
+# Pack indexes kept in memory: at most this many steps' worth (about 100 bytes each).
+_CACHED_STEPS = 1 << 16
+_CACHED_MISSES = 1 << 12
+
+
+@attrs.frozen
+class Outcome:
+    """What a finished step or effect left: its result (inline or blob) or its receipt."""
+
+    step: str
+    seq: int
+    result: Any = None
+    result_ref: str | None = None
+    receipt: str | None = None
+
+
+def outcome_of(snapshot: Snapshot) -> Outcome | None:
+    """The outcome `snapshot` records, if it records one (a STEP result, a CONFIRMED receipt)."""
+    transition = snapshot.transition
+    step = packs.outcome_step(snapshot)  # the one rule, which pack indexes follow too
+    if step is None:
+        return None
+    if transition.kind is TransitionKind.STEP:
+        return Outcome(step, snapshot.seq, transition.result, transition.result_ref)
+    return Outcome(step, snapshot.seq, receipt=transition.receipt)
+
+
+@attrs.frozen
+class PackRef:
+    """A pack of a verified chain, as the walk found it."""
+
+    id: str
+    first_seq: int
+    last_seq: int
+
+
+class Outcomes(Mapping[str, Outcome]):
+    """step id -> its newest Outcome. Lookups cost the tail (a dict) or one pack index each;
+    iterating or taking len() reads every pack's index."""
+
+    def __init__(
+        self,
+        objects: ObjectStore | None = None,
+        task: str = "",
+        tail: dict[str, Outcome] | None = None,
+        sealed: tuple[PackRef, ...] = (),
+    ) -> None:
+        self._objects = objects
+        self._task = task
+        self._tail: dict[str, Outcome] = dict(tail or {})
+        self._packs = sealed  # newest first
+        self._indexes: OrderedDict[str, dict[str, int]] = OrderedDict()
+        self._cached = 0
+        self._misses: set[str] = set()
+        self._found: OrderedDict[str, Outcome] = OrderedDict()
+        self._inflated: tuple[str, list[bytes]] | None = None  # the last pack inflated
+
+    @property
+    def pack_refs(self) -> tuple[PackRef, ...]:
+        return self._packs
+
+    def copy(self) -> Outcomes:
+        """Another view of the same outcomes (a run adds its own to it)."""
+        return Outcomes(self._objects, self._task, self._tail, self._packs)
+
+    def record(self, outcome: Outcome) -> None:
+        """A newer outcome of its step, committed by the run."""
+        self._tail[outcome.step] = outcome
+
+    def __getitem__(self, step: str) -> Outcome:
+        found = self._tail.get(step) or self._found.get(step)
+        if found is not None:
+            return found
+        if step in self._misses or not self._packs:
+            raise KeyError(step)
+        for pack in self._packs:
+            seq = self._index(pack).get(step)
+            if seq is not None:
+                return self._load(pack, step, seq)
+        if len(self._misses) >= _CACHED_MISSES:
+            self._misses.clear()
+        self._misses.add(step)
+        raise KeyError(step)
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._tail
+        seen = set(self._tail)
+        for pack in self._packs:
+            for step in self._index(pack):
+                if step not in seen:
+                    seen.add(step)
+                    yield step
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    @contextlib.contextmanager
+    def _reading(self, pack: PackRef) -> Iterator[None]:
+        """Damage met in a pack after the walk verified it is said as the walk would say it."""
+        try:
+            yield
+        except (ChainError, FormatVersionError, StoreIOError):
+            raise
+        except CastoreError as exc:
+            raise ChainError(self._task, f"pack {pack.id}: {exc}", object_id=pack.id) from exc
+
+    def _read(self, pack: PackRef) -> packs.Pack:
+        """A pack of the chain, read and hash-checked again (a file changed since the walk is
+        damage)."""
+        if self._objects is None:
+            raise ChainError(self._task, f"pack {pack.id} read without a store")
+        with self._reading(pack):
+            return packs.parse(pack.id, self._objects.read(pack.id), self._objects.path(pack.id))
+
+    def _index(self, pack: PackRef) -> dict[str, int]:
+        index = self._indexes.get(pack.id)
+        if index is not None:
+            self._indexes.move_to_end(pack.id)
+            return index
+        with self._reading(pack):
+            index = self._read(pack).index()
+        self._indexes[pack.id] = index
+        self._cached += len(index)
+        while self._cached > _CACHED_STEPS and len(self._indexes) > 1:
+            self._cached -= len(self._indexes.popitem(last=False)[1])
+        return index
+
+    def _load(self, pack: PackRef, step: str, seq: int) -> Outcome:
+        """The outcome of `step` recorded at `seq` inside `pack` (inflating its data)."""
+        with self._reading(pack):
+            if self._inflated is None or self._inflated[0] != pack.id:
+                self._inflated = (pack.id, self._read(pack).inflate())
+            framed = self._inflated[1][seq - pack.first_seq]
+        outcome = outcome_of(decode_snapshot(self._task, pack.id, framed))
+        if outcome is None or outcome.step != step or outcome.seq != seq:
+            raise ChainError(
+                self._task,
+                f"pack {pack.id}: its index puts step {step!r} at {seq}, whose snapshot "
+                "records no outcome of it",
+                object_id=pack.id,
+            )
+        self._found[step] = outcome  # a run asks again for what it just read
+        if len(self._found) > _CACHED_MISSES:
+            self._found.popitem(last=False)
+        return outcome
