@@ -5,12 +5,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
-from castore import codec, fsio, gate, resolution, status, storeinit
+from castore import codec, fsio, gate, resolution, status, storeinit, trees
 from castore.errors import (
     ConflictError,
+    EncodingError,
     FormatVersionError,
     IntegrityError,
     ObjectCorruptError,
@@ -41,6 +42,7 @@ from castore.run import (
 )
 from castore.status import TaskStatus
 from castore.tasklock import TaskLock
+from castore.trees import RawRef, Tree, TreeRef
 from castore.verify import (
     VerifiedChain,
     decode_snapshot,
@@ -51,6 +53,7 @@ from castore.verify import (
 
 MARKER = storeinit.MARKER
 DEFAULT_LOCK_TIMEOUT = 10.0
+_HEIGHTS_KEPT = 1 << 16  # tree heights remembered by one Store (put_tree's depth check)
 
 
 @fsio.translating_methods  # no OSError leaves the public API: a castore error names the path
@@ -69,6 +72,7 @@ class Store:
         self.objects = ObjectStore(self.layout)
         self._budget = snapshot_budget
         self._clock = clock
+        self._heights: dict[str, int] = {}
         self._check_marker()
 
     @classmethod
@@ -81,6 +85,7 @@ class Store:
         store.objects = ObjectStore(store.layout)
         store._budget = DEFAULT_SNAPSHOT_BUDGET
         store._clock = wall_clock_ms
+        store._heights = {}
         for directory in (store.layout.objects, store.layout.tasks):
             fsio.require_real_directory(directory)
         return store
@@ -362,6 +367,79 @@ class Store:
             return codec.decode_value(self.objects.get(blob_id, "blob"))
         except ValueError as exc:  # hash-valid but not a value castore writes (too deep, ...)
             raise ObjectCorruptError(blob_id, self.objects.path(blob_id), str(exc)) from exc
+
+    def put_raw(self, data: bytes) -> RawRef:
+        """Store bytes verbatim (serialized framework state, an encrypted payload) as one raw
+        object; record the returned RawRef as a step's result or name it in a tree.
+
+        The secret guard cannot look inside: bytes have no fields to judge and may be
+        compressed or encrypted, so a credential in them is stored as it is. Encrypt what
+        must not be at rest in the store."""
+        return RawRef(self.objects.put_framed(trees.raw_bytes(data)))
+
+    def get_raw(self, ref: RawRef | str) -> bytes:
+        """The bytes of a raw object, verified."""
+        return self.objects.get(trees.ref_id(ref), "raw")
+
+    def put_tree(
+        self,
+        refs: Mapping[str, trees.Ref | str],
+        data: Any = None,
+        *,
+        allow_fields: Collection[str] = (),
+    ) -> TreeRef:
+        """Store a tree: `refs` names its parts (blobs, raw objects, trees) by name, `data`
+        is any value. gc keeps and fsck checks every part a committed tree names. Each part
+        must be stored already (UsageError otherwise) and is made young again, as storing it
+        again would. `data` and the part names pass the secret guard, as a blob does."""
+        tree = trees.tree_of(refs, data)
+        codec.check_depth(data)  # before the secret scan, which recurses
+        refuse_secrets(data, allow_fields, "$.data")
+        refuse_secrets(list(tree.refs), allow_fields, "$.refs")  # names as text: a token?
+        framed = trees.tree_bytes(tree)
+        tallest = 0
+        for name, part in sorted(tree.refs.items()):
+            kind = self.objects.kind_of(part)
+            if kind not in trees.PART_KINDS or not fsio.refresh_mtime(self.objects.path(part)):
+                found = "no such object" if kind is None else f"a {kind}"
+                raise UsageError(
+                    f"part {name!r} of the tree names {part}: {found} in {self.root}; store "
+                    "it first with put_blob, put_raw or put_tree and name what they return"
+                )
+            if kind == "tree":
+                tallest = max(tallest, self._tree_height(part))
+        if tallest >= trees.MAX_TREE_DEPTH:
+            raise EncodingError(
+                "$.refs",
+                f"the tree would nest {tallest + 1} trees deep (castore's limit is "
+                f"{trees.MAX_TREE_DEPTH})",
+                "name the parts of the deep trees from a flatter tree",
+            )
+        return TreeRef(self.objects.put_framed(framed))
+
+    def get_tree(self, ref: TreeRef | str) -> Tree:
+        """The record of a tree object, verified: its `data` and `refs` (name -> id)."""
+        tree_id = trees.ref_id(ref)
+        body = self.objects.get(tree_id, "tree")
+        try:
+            return trees.decode_tree(body)
+        except ValueError as exc:  # hash-valid but not a tree castore writes
+            raise ObjectCorruptError(tree_id, self.objects.path(tree_id), str(exc)) from exc
+
+    def _tree_height(self, tree_id: str) -> int:
+        """How many trees deep a stored tree nests (memoised: an id's height never changes)."""
+
+        def tree_children(parent: str) -> list[str]:
+            refs = self.get_tree(parent).refs.values()
+            return [part for part in refs if self.objects.kind_of(part) == "tree"]
+
+        if len(self._heights) > _HEIGHTS_KEPT:
+            self._heights.clear()
+        try:
+            return trees.height(tree_id, tree_children, self._heights)
+        except ValueError as exc:
+            path = self.objects.path(tree_id)
+            raise ObjectCorruptError(tree_id, path, str(exc)) from exc
 
     def _slots(self, task_id: str) -> TaskSlots:
         slots = TaskSlots(self.layout, self.objects, task_id)

@@ -10,7 +10,7 @@ import stat
 
 import attrs
 
-from castore import codec
+from castore import codec, references
 from castore.codec import intact_body
 from castore.digest import hash_bytes
 from castore.errors import CastoreError
@@ -33,7 +33,6 @@ from castore.layout import (
     slot_name,
 )
 from castore.records import EffectState, Snapshot, TransitionKind
-from castore.verify import named_ids
 
 
 @attrs.frozen
@@ -361,7 +360,7 @@ _decode_clean_snapshot = canonical_view(Snapshot)
 def _named_anyway(data: bytes) -> list[str]:
     """The ids a slot that is no Snapshot record still names, read as gc reads them."""
     try:
-        return list(named_ids(codec.decode_value(codec.unframe(data)[1])))
+        return list(references.named_by("snapshot", codec.unframe(data)[1]))
     except (CastoreError, ValueError):
         return []
 
