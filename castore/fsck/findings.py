@@ -145,6 +145,19 @@ CODES: dict[str, tuple[Severity, str]] = {
         "an effect has been SUBMITTED for long; is its worker alive?",
     ),
     "lock-held": (Severity.INFO, "a worker holds the task's lock right now"),
+    "tree-missing-part": (
+        Severity.ERROR,
+        "a tree a chain reaches names a part that is missing, damaged or of a kind a tree "
+        "cannot name; restore the part (the same bytes give the same id)",
+    ),
+    "tree-cycle": (
+        Severity.ERROR,
+        "trees that name each other in a loop: impossible without forged ids; restore them",
+    ),
+    "tree-too-deep": (
+        Severity.WARNING,
+        "trees nested deeper than castore writes (100); readers still follow them",
+    ),
 }
 
 

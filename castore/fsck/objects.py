@@ -15,9 +15,10 @@ from castore.errors import CastoreError, FormatVersionError, UnsafeFileError
 from castore.fastdecode import decode_canonical, decode_canonical_value, too_deep
 from castore.fsck.findings import Finding
 from castore.fsio import read_regular_with_stat
-from castore.layout import object_relpath
+from castore.layout import is_object_name, object_relpath
 from castore.plans import validate_plan
 from castore.records import Plan, Snapshot
+from castore.trees import Tree
 
 _EXPECTED_LINKS = {"snapshot": 2}  # a snapshot object is also its chain slot
 
@@ -178,8 +179,17 @@ def _check_content(
 
 
 def _decode(kind: str, body: bytes) -> object:
-    """The record of a body (None for a blob), by the fast path where it can vouch for the
-    body, else by the strict one; _Damage says why the body is not valid."""
+    """The record of a body (None for a blob or raw bytes), by the fast path where it can
+    vouch for the body, else by the strict one; _Damage says why the body is not valid."""
+    if kind == "raw":
+        return None  # any bytes: a raw object's only check is its hash
+    record = _decode_record(kind, body)
+    if isinstance(record, Tree):
+        _check_tree(record, body)
+    return record
+
+
+def _decode_record(kind: str, body: bytes) -> object:
     record_type = _RECORDS.get(kind)
     if record_type is None:
         if decode_canonical_value(body) is not None:
@@ -222,8 +232,19 @@ def _decode_strict(kind: str, body: bytes) -> object:
         raise _Damage("schema-invalid", f"not a valid {kind}: {_first_line(exc)}") from None
 
 
+def _check_tree(tree: Tree, body: bytes) -> None:
+    """What a Tree record alone does not say: both fields were written, and every ref is an
+    object id (castore writes nothing else, so nothing else can be followed)."""
+    whole = b'{"data":%s,"refs":%s}' % (canonical_bytes(tree.data), canonical_bytes(tree.refs))
+    if whole != body:  # the body is canonical: only a missing field can make it differ
+        raise _Damage("schema-invalid", 'not a valid tree: it lacks "data" or "refs"')
+    for name, object_id in tree.refs.items():
+        if not is_object_name(object_id):
+            raise _Damage("schema-invalid", f"not a valid tree: part {name!r} names {object_id!r}")
+
+
 def _first_line(exc: BaseException) -> str:
     return (str(exc) or type(exc).__name__).splitlines()[0]
 
 
-_RECORDS: dict[str, type] = {"plan": Plan, "snapshot": Snapshot}
+_RECORDS: dict[str, type] = {"plan": Plan, "snapshot": Snapshot, "tree": Tree}

@@ -33,6 +33,7 @@ from castore.layout import (
     slot_name,
 )
 from castore.records import EffectState, Snapshot, TransitionKind
+from castore.trees import PART_KINDS
 
 
 @attrs.frozen
@@ -205,8 +206,8 @@ class TaskCheck:
             return None
         result_ref = snapshot.transition.result_ref
         if result_ref is not None:
-            blob = self.named.report(result_ref)
-            if blob is None or blob.kind != "blob":
+            result = self.named.report(result_ref)
+            if result is None or result.kind not in PART_KINDS:
                 return None
             self.refs.add(result_ref)
         # Its own id and its parent's (a slot of this chain) need no entry in self.refs:
@@ -288,9 +289,9 @@ class TaskCheck:
             bad("root-not-start", f"sequence {seq} records a {transition.kind.value}")
         if snapshot.parent is not None:
             self.refs.add(snapshot.parent)  # named, so never "unreachable" (gc keeps it too)
-        self._check_ref(relpath, snapshot_id, snapshot.plan, "plan")
+        self._check_ref(relpath, snapshot_id, snapshot.plan, ("plan",))
         if transition.result_ref is not None:
-            self._check_ref(relpath, snapshot_id, transition.result_ref, "blob")
+            self._check_ref(relpath, snapshot_id, transition.result_ref, PART_KINDS)
         if previous is None:
             if seq == 0 and snapshot.parent is not None:
                 bad("broken-link", f"sequence 0 names a parent {snapshot.parent}")
@@ -313,15 +314,15 @@ class TaskCheck:
                 bad("illegal-transition", message)
         self._check_frontier(relpath, snapshot_id, snapshot)
 
-    def _check_ref(self, relpath: str, snapshot_id: str, ref: str, kind: str) -> None:
-        """A plan or result blob a snapshot names exists, is intact and is of that kind."""
+    def _check_ref(self, relpath: str, snapshot_id: str, ref: str, kinds: tuple[str, ...]) -> None:
+        """A plan or result a snapshot names exists, is intact and is of one of `kinds`."""
         self.refs.add(ref)
         report = self.named.report(ref)
         if report is None or report.damaged:
             message = f"names {ref}, which is missing or damaged"
             self.add("missing-object", relpath, message, snapshot_id)
-        elif report.kind != kind:
-            message = f"names {ref} as a {kind}; it is a {report.kind}"
+        elif report.kind not in kinds:
+            message = f"names {ref} as a {' or '.join(kinds)}; it is a {report.kind}"
             self.add("missing-object", relpath, message, snapshot_id)
 
     def _check_frontier(self, relpath: str, snapshot_id: str, snapshot: Snapshot) -> None:
