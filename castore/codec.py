@@ -16,16 +16,18 @@ import typing
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import attrs
 import cattrs
+from cattrs.gen import make_dict_unstructure_fn, override
 
 from castore import limits
 from castore.errors import EncodingError, FormatVersionError, ObjectTooLargeError
 from castore.fastdecode import decode_canonical_value, too_deep
-from castore.records import EffectState, TransitionKind
+from castore.records import EffectState, TransitionKind, omitted_fields
 
-FORMAT_VERSION = 1
-SUPPORTED_VERSIONS = (1,)
-KINDS = ("plan", "snapshot", "blob")
+FORMAT_VERSION = 1  # the marker new stores get (the coordinator moves it to 2)
+SUPPORTED_VERSIONS = (1, 2)
+KINDS = ("plan", "snapshot", "blob", "raw", "tree", "pack")
 MAGIC = b"castore"
 MAX_HEADER = limits.MAX_HEADER
 MAX_DEPTH = limits.MAX_DEPTH
@@ -40,6 +42,19 @@ converter = cattrs.Converter(forbid_extra_keys=True)
 # accepts exact types only, so each enum of the schema unstructures to its plain value.
 for _enum in (EffectState, TransitionKind):
     converter.register_unstructure_hook(_enum, lambda member: str(member.value))
+
+
+def _has_omitted(cls: object) -> bool:
+    return isinstance(cls, type) and attrs.has(cls) and bool(omitted_fields(cls))
+
+
+def _omitting_unstructure(cls: Any) -> Callable[[Any], dict[str, Any]]:
+    """Records with v2 fields leave them out while None: their v1 bytes stay the same."""
+    overrides = {name: override(omit_if_default=True) for name in omitted_fields(cls)}
+    return make_dict_unstructure_fn(cls, converter, **overrides)  # type: ignore[arg-type]
+
+
+converter.register_unstructure_hook_factory(_has_omitted, _omitting_unstructure)
 
 
 def _exact(cls: type[T]) -> Callable[[object, type[T]], T]:
@@ -227,13 +242,16 @@ def decode_value_strict(data: bytes) -> Any:
     return value
 
 
-def frame(kind: str, body: bytes) -> bytes:
-    """The bytes of an object: a one-line header naming format, kind and body length."""
+def frame(kind: str, body: bytes, version: int = 1) -> bytes:
+    """The bytes of an object: a one-line header naming format, kind and body length.
+    `version` is the lowest format version whose readers understand the object."""
     if kind not in KINDS:
         raise ValueError(f"unknown object kind {kind!r}")
+    if version not in SUPPORTED_VERSIONS:
+        raise ValueError(f"unknown format version {version!r}")
     if len(body) > limits.MAX_BODY_SIZE:  # no reader would read it back
         raise ObjectTooLargeError(kind, len(body), limits.MAX_BODY_SIZE)
-    return b"%s %d %s %d\n" % (MAGIC, FORMAT_VERSION, kind.encode(), len(body)) + body
+    return b"%s %d %s %d\n" % (MAGIC, version, kind.encode(), len(body)) + body
 
 
 class FrameError(ValueError):

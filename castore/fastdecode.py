@@ -33,6 +33,7 @@ import attrs
 import msgspec
 
 from castore.limits import MAX_DEPTH
+from castore.records import omitted_fields
 
 T = TypeVar("T")
 
@@ -72,6 +73,7 @@ def canonical_decoder(cls: type[T]) -> Callable[[bytes], T | None]:
         pass
     decoder = msgspec.json.Decoder(cls, float_hook=_plain_float)
     encode = _ENCODER.encode
+    omitted = _omitted_members(cls)
 
     def decode(body: bytes) -> T | None:
         if _LONG_DIGIT_RUN in body.translate(_DIGITS_AS_ZEROS):
@@ -81,10 +83,31 @@ def canonical_decoder(cls: type[T]) -> Callable[[bytes], T | None]:
             again = encode(record)
         except _UNSURE:
             return None  # the strict path will say what is wrong, if anything is
+        for name, member in omitted:
+            if getattr(record, name) is None:  # msgspec writes it; the canonical encoding not
+                again = again.replace(member, b"", 1)
         return record if again == body and not _deeper_than_allowed(body, record) else None
 
     _DECODERS[cls] = decode
     return decode
+
+
+def _omitted_members(cls: type) -> tuple[tuple[str, bytes], ...]:
+    """(name, `,"name":null`) for each field of `cls` the canonical encoding leaves out while
+    None. msgspec writes that member; the first occurrence of its bytes in msgspec's output is
+    the top-level member itself, provided no field sorted before it holds an untyped value
+    (where a nested dict could have that key) and it is not the first key (no comma)."""
+    if not attrs.has(cls):
+        return ()
+    hints = typing.get_type_hints(cls)
+    keys = sorted(field.name for field in attrs.fields(cls))
+    members = []
+    for name in omitted_fields(cls):
+        before = keys[: keys.index(name)]
+        if not before or any(_mentions_any(hints[key]) for key in before):
+            raise TypeError(f"{cls.__name__}.{name} cannot be omitted on the fast path")
+        members.append((name, b',"%s":null' % name.encode()))
+    return tuple(members)
 
 
 def decode_canonical(body: bytes, cls: type[T]) -> T | None:
@@ -211,8 +234,19 @@ def _view_of(cls: type) -> type:
             fields.append((field.name, kind, msgspec.field(default_factory=factory)))
         else:
             fields.append((field.name, kind, field.default))
+    # A record whose only defaulted fields are v2 fields omitted while None (a snapshot)
+    # omits them as the canonical encoding does; any other keeps writing its defaults.
+    defaulted = {field.name for field in attrs.fields(cls) if field.default is not attrs.NOTHING}
+    omit = bool(defaulted) and defaulted == set(omitted_fields(cls))
+    if not omit and set(omitted_fields(cls)):
+        raise TypeError(f"no view for {cls.__name__}: it mixes omitted and written defaults")
     view = _VIEWS[cls] = msgspec.defstruct(
-        f"{cls.__name__}View", fields, frozen=True, forbid_unknown_fields=True, gc=False
+        f"{cls.__name__}View",
+        fields,
+        frozen=True,
+        forbid_unknown_fields=True,
+        gc=False,
+        omit_defaults=omit,
     )
     return view
 

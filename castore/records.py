@@ -1,6 +1,7 @@
 """The records castore stores: plans, snapshots and their parts, as frozen attrs classes.
 
-Field names and types here are the on-disk schema of format v1 (docs/FORMAT.md).
+Field names and types here are the on-disk schema (docs/FORMAT.md): v1's, plus the v2 fields,
+which are omitted from the encoding while None (OMIT_IF_NONE).
 """
 
 from __future__ import annotations
@@ -29,6 +30,14 @@ class TransitionKind(enum.StrEnum):
     EFFECT = "effect"  # an effect changed state
     RESOLVE = "resolve"  # a person decided an effect's outcome
     OVERRIDE = "override"  # a person accepted plan or environment drift
+    SEAL = "seal"  # v2: no step; carries a new `sealed` anchor (a finished task, an upgrade)
+
+
+# Transition kinds a v1 reader does not know: a snapshot recording one is framed as version 2.
+V2_KINDS = frozenset({TransitionKind.SEAL})
+# Field metadata: the field is left out of the encoding while it is None. v2 fields carry it,
+# so a snapshot that uses none of them keeps its v1 bytes (and id) exactly.
+OMIT_IF_NONE = "castore.omit_if_none"
 
 
 @attrs.frozen
@@ -123,6 +132,15 @@ class Transition:
 
 
 @attrs.frozen
+class Sealed:
+    """v2: the anchor of a task's sealed history: the newest pack, and the last sequence
+    number it holds (docs/FORMAT.md 7.6)."""
+
+    pack: str
+    through: int
+
+
+@attrs.frozen
 class Snapshot:
     """One transition of a task; its object id is the blake3 of its framed bytes."""
 
@@ -136,6 +154,7 @@ class Snapshot:
     env: str | None
     time_ms: int
     writer: Writer
+    sealed: Sealed | None = attrs.field(default=None, metadata={OMIT_IF_NONE: True})
 
     def effect(self, step_id: str) -> EffectRecord | None:
         """The open record of effect `step_id`, or None if it has none."""
@@ -143,6 +162,21 @@ class Snapshot:
             if record.step == step_id:
                 return record
         return None
+
+
+def omitted_fields(cls: type) -> tuple[str, ...]:
+    """The fields of record class `cls` left out of its encoding while None (v2 fields)."""
+    return tuple(f.name for f in attrs.fields(cls) if f.metadata.get(OMIT_IF_NONE))
+
+
+def snapshot_version(snapshot: Snapshot) -> int:
+    """The lowest format version whose readers understand `snapshot`: 2 if it uses a v2
+    field or transition kind, else 1 (the same bytes a v1 writer would write)."""
+    if snapshot.transition.kind in V2_KINDS:
+        return 2
+    if any(getattr(snapshot, name) is not None for name in omitted_fields(Snapshot)):
+        return 2
+    return 1
 
 
 @attrs.frozen

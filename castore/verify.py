@@ -14,14 +14,15 @@ from castore.errors import (
     CastoreError,
     ChainError,
     FormatVersionError,
-    IllegalHistoryError,
     StoreIOError,
     TaskNotFoundError,
     UnknownVersionError,
 )
 from castore.fastdecode import decode_canonical
-from castore.history import illegal_changes
 from castore.layout import missing_seqs, validate_object_id
+from castore.links import check_history as _check_history
+from castore.links import check_link as _check_link
+from castore.links import decode_snapshot as _decode_snapshot
 from castore.objects import ObjectStore
 from castore.records import EffectState, Plan, Snapshot, TransitionKind
 from castore.refs import TaskSlots
@@ -80,42 +81,6 @@ def named_ids(entry: object) -> Iterator[str]:
     ):
         if isinstance(value, str):
             yield value
-
-
-def _decode_snapshot(task_id: str, object_id: str, data: bytes) -> Snapshot:
-    """A snapshot object as its record; ChainError naming what is wrong with it."""
-    try:
-        kind, body = codec.unframe(data, object_id)
-    except codec.FrameError as exc:
-        raise ChainError(
-            task_id, f"snapshot {object_id}: {exc.reason}", object_id=object_id
-        ) from None
-    if kind != "snapshot":
-        raise ChainError(task_id, f"{object_id} is a {kind}, not a snapshot", object_id=object_id)
-    fast = decode_canonical(body, Snapshot)  # every body castore writes takes this path
-    if fast is not None:
-        return fast
-    try:
-        decoded = codec.decode_value(body)
-    except ValueError:
-        raise ChainError(
-            task_id, f"snapshot {object_id} does not decode", object_id=object_id
-        ) from None
-    if not isinstance(decoded, dict):
-        raise ChainError(task_id, f"snapshot {object_id} is not a record", object_id=object_id)
-    for name, types in _LINK_FIELDS.items():
-        if name not in decoded or type(decoded[name]) not in types:
-            raise ChainError(
-                task_id, f"snapshot {object_id} lacks a valid {name!r} field", object_id=object_id
-            )
-    try:
-        return codec.from_builtins(decoded, Snapshot)
-    except Exception as exc:
-        raise ChainError(
-            task_id,
-            f"snapshot {object_id} is not a valid snapshot record: {exc}",
-            object_id=object_id,
-        ) from exc
 
 
 def _read_snapshot(objects: ObjectStore, task_id: str, object_id: object, seq: int) -> bytes:
@@ -218,14 +183,6 @@ def _check_head_frame(task_id: str, path: str, data: bytes, seq: int) -> None:
         ) from None
 
 
-def _check_history(task_id: str, parent: Snapshot, child: Snapshot, child_id: str) -> None:
-    """The same rules fsck applies (`illegal-transition`): an intact but forged link (an
-    effect back to PLANNED, say) would otherwise make resume send it again."""
-    problems = illegal_changes(parent, child)
-    if problems:
-        raise IllegalHistoryError(task_id, child.seq, child_id, problems)
-
-
 def _read_head_slot(slots: TaskSlots) -> tuple[int, bytes]:
     """HEAD's sequence number (§9.4) and the bytes of its slot; TaskNotFoundError without
     slot 0, ChainError if the slot cannot be read or is not a whole object."""
@@ -264,53 +221,6 @@ def _check_contiguous(slots: TaskSlots, head_seq: int) -> None:
             f"missing {missing}{'...' if count > 5 else ''}",
             slots.directory,
         )
-
-
-# The fields the walk relies on, with their exact JSON types (full schema checks: fsck).
-_LINK_FIELDS: dict[str, tuple[type, ...]] = {
-    "task": (str,),
-    "seq": (int,),
-    "parent": (str, type(None)),
-    "plan": (str,),
-    "transition": (dict,),
-}
-
-
-def _check_link(
-    task_id: str, object_id: str, entry: Snapshot, seq: int, child: Snapshot | None
-) -> None:
-    is_start = entry.transition.kind is TransitionKind.START
-    if is_start != (seq == 0):
-        raise ChainError(
-            task_id,
-            f"snapshot {object_id} at sequence {seq} records "
-            f"{'a start' if is_start else 'no start'}; only sequence 0 starts a task",
-            object_id=object_id,
-        )
-    if entry.task != task_id:
-        raise ChainError(
-            task_id, f"snapshot {object_id} belongs to task {entry.task!r}", object_id=object_id
-        )
-    if entry.seq != seq:
-        raise ChainError(
-            task_id,
-            f"snapshot {object_id} has sequence {entry.seq}, expected {seq}",
-            object_id=object_id,
-        )
-    if (entry.parent is None) != (seq == 0):
-        raise ChainError(
-            task_id,
-            f"snapshot {object_id} at sequence {seq} has parent {entry.parent}",
-            object_id=object_id,
-        )
-    if child is not None and entry.plan != child.plan:
-        transition = child.transition
-        if transition.kind is not TransitionKind.OVERRIDE or transition.replaced != entry.plan:
-            raise ChainError(
-                task_id,
-                f"snapshot {object_id} names plan {entry.plan}, its child names {child.plan}",
-                object_id=object_id,
-            )
 
 
 def _finish(
