@@ -125,21 +125,11 @@ class Reachable:
         self._report.unreadable_objects.update(self._walk.unreadable)
 
     def _load(self, object_id: str) -> references.Loaded:
-        """What a followed id names: the header only, unless it is a tree or a pack."""
+        """What a followed id names (a set-aside object is read under its temp name)."""
         if not is_object_name(object_id):
             return ""  # no object can have this name: it names nothing
         path = self.aside.get(object_id) or os.path.join(self._root, object_relpath(object_id))
-        try:
-            head = fsio.read_prefix(path, codec.MAX_HEADER)
-            parts = head.split(b"\n", 1)[0].split(b" ")
-            kind = parts[2].decode("ascii", "replace") if len(parts) == 4 else None
-            if kind is not None and kind not in references.FOLLOWED_KINDS:
-                return kind
-            return codec.unframe(fsio.read_regular(path), path)
-        except FileNotFoundError:
-            return None
-        except (CastoreError, ValueError) as exc:  # damaged, planted, a later version
-            raise references.UnreadableNames(f"{object_relpath(object_id)}: {exc}") from exc
+        return references.load_path(path)
 
     def _unreadable(self, task: str) -> None:
         if task not in self._report.unreadable_tasks:

@@ -22,7 +22,8 @@ from typing import Any
 
 import attrs
 
-from castore import codec
+from castore import codec, fsio
+from castore.errors import CastoreError
 
 # Kinds whose bodies name objects that must be followed further.
 FOLLOWED_KINDS = frozenset({"tree", "pack"})
@@ -106,6 +107,23 @@ def pack_names(header: object) -> Names:
 # an object that names nothing more (its body unread), or None when there is no such object.
 # A loader raises UnreadableNames for an object that may name others but cannot be read.
 Loaded = tuple[str, bytes] | str | None
+
+
+def load_path(path: str) -> Loaded:
+    """What the object file at `path` names, for a walk: its header only, unless it is a tree
+    or a pack (then its whole body, unframed, not hash-checked). UnreadableNames when it may
+    name others but cannot be read as what it is (damaged, planted, a later version)."""
+    try:
+        head = fsio.read_prefix(path, codec.MAX_HEADER)
+        parts = head.split(b"\n", 1)[0].split(b" ")
+        kind = parts[2].decode("ascii", "replace") if len(parts) == 4 else None
+        if kind is not None and kind not in FOLLOWED_KINDS:
+            return kind
+        return codec.unframe(fsio.read_regular(path), path)
+    except FileNotFoundError:
+        return None
+    except (CastoreError, ValueError) as exc:
+        raise UnreadableNames(f"{path}: {exc}") from exc
 
 
 @attrs.define

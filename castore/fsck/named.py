@@ -9,6 +9,7 @@ from typing import Any
 
 import attrs
 
+from castore import references
 from castore.fsck.findings import Finding
 from castore.fsck.objects import ObjectReport, check_named
 from castore.layout import OBJECTS_DIR, is_object_name, object_relpath
@@ -39,15 +40,32 @@ class NamedObjects:
         self._fanouts: dict[str, bool] = {}  # fan-out name -> a real directory
         self._heights: dict[str, int] = {}  # trees followed: id -> trees nested, itself counted
         self._reached: list[str] = []  # parts reached through trees since the last drain
+        self.unreadable = False  # a damaged tree or pack whose names cannot be read
 
-    def report(self, object_id: str) -> ObjectReport | None:
+    def report(self, object_id: str, *, followed: bool = True) -> ObjectReport | None:
         """The report of a named object; a tree is followed at once, so that its report
-        carries its tree findings (and the reports of its parts follow it)."""
+        carries its tree findings (and the reports of its parts follow it). `followed`: named
+        where a tree or pack may be (a result, a part), so what a damaged one names counts."""
         found = self._check(object_id)
+        if not followed:
+            return found
         if found is not None and found.kind == "tree" and object_id not in self._heights:
             self._follow(object_id)
             found = self.reports[object_id]
+        elif found is not None and found.damaged and object_id not in self._heights:
+            self._heights[object_id] = 0  # looked at once
+            self._reached.extend(self._named_anyway(object_id))
         return found
+
+    def _named_anyway(self, object_id: str) -> list[str]:
+        """What a damaged tree or pack still names, read as gc reads it (gc keeps those, so
+        fsck must not call them unreachable; if gc cannot read them, it keeps everything)."""
+        try:
+            loaded = references.load_path(os.path.join(self.root, object_relpath(object_id)))
+            return list(references.named_by(*loaded)) if isinstance(loaded, tuple) else []
+        except references.UnreadableNames:
+            self.unreadable = True
+            return []
 
     def drain_reached(self) -> list[str]:
         """The ids reached through trees since the last call (what a task refers to)."""

@@ -14,6 +14,7 @@ from castore.digest import hash_bytes
 from castore.errors import CastoreError, FormatVersionError, UnsafeFileError
 from castore.fastdecode import decode_canonical, decode_canonical_value, too_deep
 from castore.fsck.findings import Finding
+from castore.fsck.packcheck import PACK_PREFIX, PackBroken, check_pack, damaged_code
 from castore.fsio import read_regular_with_stat
 from castore.layout import is_object_name, object_relpath
 from castore.plans import validate_plan
@@ -133,6 +134,8 @@ def check_data(
     if not data:
         return report("object-empty", "the file is empty")
     actual = hashed or hash_bytes(data)
+    if actual != object_id and data.startswith(PACK_PREFIX):
+        return report(damaged_code(data), f"its bytes hash to {actual}")
     if actual != object_id:
         # A valid object under another's name; check_store turns this into a hash mismatch
         # unless that other object really exists (else it is bit rot that still decodes).
@@ -165,6 +168,12 @@ def _check_content(
     except codec.FrameError as exc:
         code = {"empty": "object-empty", "truncated": "truncated"}.get(exc.code, exc.code)
         return report(code, exc.reason)
+    if kind == "pack":
+        try:
+            record: object = check_pack(object_id, data, relpath)
+        except PackBroken as exc:
+            return report("pack-chain-broken", str(exc))
+        return ObjectReport(object_id, relpath, kind, tuple(found), record=record)
     try:
         record = _decode(kind, body)
         if isinstance(record, Plan):

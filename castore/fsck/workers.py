@@ -86,7 +86,7 @@ def check_tasks(
             frozenset(check.refs - own),
             tuple(r.object_id for r in new if not r.findings),
             tuple(attrs.evolve(r, record=None) for r in new if r.findings),
-            check.unreadable,
+            check.unreadable or objects.unreadable,
         )
 
 

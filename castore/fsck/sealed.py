@@ -1,0 +1,194 @@
+"""fsck of a task's sealed history (format v2): its sealed mark, the packs its HEAD's anchor
+names (newest to oldest through `prev`), and how they join the slots that are still there.
+Read-only; each pack's own contents are checked as an object (packcheck.py)."""
+
+from __future__ import annotations
+
+import os
+import stat
+from typing import TYPE_CHECKING
+
+import attrs
+
+from castore import codec
+from castore.digest import hash_bytes
+from castore.errors import CastoreError, ChainError
+from castore.fsck.packcheck import PackFacts
+from castore.fsio import read_regular
+from castore.layout import CHAIN_DIR, is_object_name, object_relpath, slot_name
+from castore.links import check_anchor, check_history, check_link, decode_snapshot
+from castore.records import Snapshot
+
+if TYPE_CHECKING:
+    from castore.fsck.tasks import TaskCheck
+
+MARK_NAME = "sealed"
+
+
+@attrs.frozen
+class Mark:
+    """The content of `tasks/<enc>/sealed`: slots 0 .. through may be gone; `pack` holds
+    `through` (None only for a forgotten task's mark)."""
+
+    pack: str | None
+    through: int
+
+
+def read_mark(path: str) -> Mark:
+    """The mark at `path`; ValueError naming what is wrong (a mark that cannot be read is
+    never ignored: every reader fails closed on it)."""
+    try:
+        info = os.lstat(path)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("not a regular file")
+        data = read_regular(path, limit=4096)
+    except (OSError, CastoreError) as exc:
+        raise ValueError(f"cannot be read: {exc}") from None
+    value = codec.decode_value(data[:-1]) if data.endswith(b"\n") else None
+    if (
+        not isinstance(value, dict)
+        or sorted(value) != ["pack", "through"]
+        or type(value["through"]) is not int
+        or value["through"] < 0
+        or not (
+            value["pack"] is None or (type(value["pack"]) is str and is_object_name(value["pack"]))
+        )
+        or codec.encode_value(value) + b"\n" != data
+    ):
+        raise ValueError('not {"pack": <id>|null, "through": <int>} and a newline')
+    return Mark(value["pack"], value["through"])
+
+
+def check_sealed(
+    check: TaskCheck,
+    head: tuple[str, Snapshot],
+    mark: Mark | None,
+    slot_ids: dict[int, str],
+) -> None:
+    """The mark against HEAD's anchor, then each pack of the anchor's chain: of this task,
+    holding the range the chain needs, joining what follows it, agreeing with the slots
+    still present in its range; the objects the packs name are referred to and checked."""
+    head_id, snapshot = head
+    anchor = snapshot.sealed
+    mark_rel = f"{check.rel}/{MARK_NAME}"
+    if mark is not None:
+        _check_mark(check, mark_rel, mark, anchor)
+    if anchor is None:
+        return
+    child = _tail_first(check, anchor.through + 1)
+    child_at = check.slot_relpath(anchor.through + 1)
+    pack_id: str | None = anchor.pack
+    expected_last, seen = anchor.through, set()
+    while pack_id is not None and pack_id not in seen:
+        seen.add(pack_id)
+        check.refs.add(pack_id)
+        facts = _pack_facts(check, pack_id)
+        if facts is None:
+            if not seen - {pack_id}:  # the anchor's own pack: the slot naming it says so
+                message = (
+                    f"names pack {pack_id} (sealed through {anchor.through}), which is "
+                    "missing or damaged"
+                )
+                check.add("missing-object", check.slot_relpath(snapshot.seq), message, head_id)
+            else:
+                check.add(
+                    "pack-chain-broken", child_at, f"its prev {pack_id} is missing or damaged"
+                )
+            return
+        pack_rel = object_relpath(pack_id)
+        header = facts.pack.header
+        if header.task != check.task_id:
+            check.add("pack-wrong-task", pack_rel, f"a pack of task {header.task!r}", pack_id)
+            return
+        if header.last_seq != expected_last:
+            message = (
+                f"holds {header.first_seq}..{header.last_seq}; the chain needs it to end at "
+                f"{expected_last}"
+            )
+            check.add("pack-chain-broken", pack_rel, message, pack_id)
+            return
+        if child is not None:
+            _check_join(check, facts, child, child_at)
+        for seq in range(header.first_seq, header.last_seq + 1):
+            present = slot_ids.get(seq)
+            if present is not None and present != facts.id_at(seq):
+                message = f"holds {present}; pack {pack_id} holds {facts.id_at(seq)} there"
+                check.add("pack-slot-disagree", check.slot_relpath(seq), message, present)
+        _refer(check, facts, pack_rel, pack_id)
+        child, child_at = (facts.ids[0], facts.first), pack_rel
+        expected_last, pack_id = header.first_seq - 1, header.prev
+    if pack_id is not None:  # a prev already seen: packs that name each other
+        check.add("pack-chain-broken", child_at, f"its prev {pack_id} is a newer pack of the chain")
+
+
+def _check_mark(check: TaskCheck, mark_rel: str, mark: Mark, anchor: object) -> None:
+    through = getattr(anchor, "through", None)
+    pack = getattr(anchor, "pack", None)
+    if through is None:
+        if mark.pack is not None:
+            message = f"names pack {mark.pack} through {mark.through}; HEAD carries no seal"
+            check.add("sealed-mark-damaged", mark_rel, message, mark.pack)
+    elif mark.through > through:
+        message = f"says through {mark.through}; HEAD's seal reaches only {through}"
+        check.add("sealed-mark-damaged", mark_rel, message, mark.pack)
+    elif mark.through == through and mark.pack != pack:
+        message = f"names pack {mark.pack} through {through}; HEAD's seal names {pack}"
+        check.add("sealed-mark-damaged", mark_rel, message, mark.pack)
+    elif mark.through < through:
+        message = f"says through {mark.through}; HEAD's seal reaches {through}"
+        check.add("sealed-mark-stale", mark_rel, message, mark.pack)
+
+
+def _tail_first(check: TaskCheck, seq: int) -> tuple[str, Snapshot] | None:
+    """The snapshot just above the seal, from its slot (None if it cannot be read: the
+    slot's own findings say why)."""
+    path = os.path.join(check.root, check.rel, CHAIN_DIR, slot_name(seq))
+    try:
+        data = read_regular(path)
+        snapshot_id = hash_bytes(data)
+        return snapshot_id, decode_snapshot(check.task_id, snapshot_id, data)
+    except (OSError, CastoreError):
+        return None
+
+
+def _pack_facts(check: TaskCheck, pack_id: str) -> PackFacts | None:
+    report = check.named.report(pack_id) if is_object_name(pack_id) else None
+    record = report.record if report is not None and not report.damaged else None
+    return record if isinstance(record, PackFacts) else None
+
+
+def _check_join(
+    check: TaskCheck, facts: PackFacts, child: tuple[str, Snapshot], child_at: str
+) -> None:
+    """The snapshot after the pack's range names its last snapshot and follows the rules
+    of a link from it (as a resume checks it)."""
+    header, last = facts.pack.header, facts.pack.last
+    child_id, snapshot = child
+    if snapshot.parent != header.last_id:
+        message = (
+            f"parent is {snapshot.parent}; the pack holding {header.last_seq} ends with "
+            f"{header.last_id}"
+        )
+        code = "broken-link" if child_at.startswith(check.rel) else "pack-chain-broken"
+        check.add(code, child_at, message, child_id)
+        return
+    try:
+        check_link(check.task_id, header.last_id, last, header.last_seq, snapshot)
+        check_history(check.task_id, last, snapshot, child_id)
+        check_anchor(check.task_id, last, snapshot, child_id)
+    except ChainError as exc:
+        code = "illegal-transition" if child_at.startswith(check.rel) else "pack-chain-broken"
+        check.add(code, child_at, exc.reason, child_id)
+
+
+def _refer(check: TaskCheck, facts: PackFacts, pack_rel: str, pack_id: str) -> None:
+    """What the pack's range names is referred to (never unreachable: gc keeps it) and each
+    result it names is checked as a slot's result is."""
+    header = facts.pack.header
+    check.refs.update(header.plans)
+    for ref in header.refs:
+        check.refs.add(ref)
+        report = check.named.report(ref) if is_object_name(ref) else None
+        if report is None or report.damaged:
+            message = f"names {ref} (a result in its range), which is missing or damaged"
+            check.add("missing-object", pack_rel, message, pack_id)
