@@ -282,6 +282,16 @@ def _sync_second_names(directories: set[str]) -> None:
 
 
 @fsio.translating
+def reachable(path: str | os.PathLike[str]) -> Reachable:
+    """Everything the chains of the store at `path` name, directly and through the trees and
+    packs they name (one read of every slot): what gc keeps. `.unreadable` says whether that
+    is known at all (if not, gc keeps every object)."""
+    reach = Reachable(Store.open(path).root, GcReport())
+    reach.read_new()
+    return reach
+
+
+@fsio.translating
 def collect(
     path: str | os.PathLike[str],
     *,

@@ -207,3 +207,17 @@ def test_a_writer_pausing_across_gc_batches_keeps_every_part_of_its_tree(
     assert b"deep t" == store.get_raw(store.get_tree(tree.refs["down"]).refs["raw"])
     errors = [f for f in check_store(store.root, jobs=1) if f.severity is Severity.ERROR]
     assert [] == errors
+
+
+def test_reachable_is_what_gc_keeps(store: castore.Store) -> None:
+    """gc.reachable names the slots' snapshots, plans, result trees and their parts, and
+    nothing an uncommitted tree alone names (the hook other gc passes build on)."""
+    root, ids = nested(store, 2)
+    with store.start("t", PLAN) as run:
+        run.commit_step("a", root)
+        head = run.head_id
+    orphan = store.put_tree({"x": store.put_raw(b"orphan")})
+    reach = castore.gc.reachable(store.root)
+    assert False is reach.unreadable
+    assert {head, root.tree, *ids} <= reach.referenced
+    assert orphan.tree not in reach.referenced
