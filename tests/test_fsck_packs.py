@@ -19,8 +19,8 @@ from test_fsck import ERROR, INFO, check, fsck, put_raw, row
 import castore
 from castore import codec, packs
 from castore.digest import hash_bytes
-from castore.fsck.sealed import MARK_NAME
 from castore.gc import collect
+from castore.layout import MARK_NAME
 from castore.records import Sealed, Transition, TransitionKind, snapshot_version
 from castore.refs import TaskSlots
 

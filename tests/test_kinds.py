@@ -125,3 +125,20 @@ def test_a_step_result_ref_of_the_wrong_kind_is_refused(store: castore.Store) ->
         with pytest.raises(castore.UsageError, match="put_tree"):
             run.commit_step("a", castore.TreeRef(raw.raw))
         assert 0 == run.head.seq
+
+
+def test_a_v1_store_gets_no_raw_or_tree_object(store: castore.Store) -> None:
+    """A format-1 store (read and written as v1 until upgraded) refuses put_raw and put_tree
+    before anything is written: a v1 reader could not read them."""
+    blob = store.put_blob({"v": 1})
+    marker = Path(store.layout.marker)
+    marker.unlink()
+    marker.write_bytes(b'{"format":"castore","version":1}\n')
+    v1 = castore.Store.open(store.root)
+    before = sorted(p.name for p in Path(store.root, "objects").rglob("*") if p.is_file())
+    with pytest.raises(castore.UsageError, match=r"format-1 store.*castore upgrade"):
+        v1.put_raw(b"x")
+    with pytest.raises(castore.UsageError, match=r"format-1 store.*castore upgrade"):
+        v1.put_tree({"b": blob})
+    after = sorted(p.name for p in Path(store.root, "objects").rglob("*") if p.is_file())
+    assert before == after

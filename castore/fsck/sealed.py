@@ -5,58 +5,31 @@ Read-only; each pack's own contents are checked as an object (packcheck.py)."""
 from __future__ import annotations
 
 import os
-import stat
 from typing import TYPE_CHECKING
 
-import attrs
-
-from castore import codec
+from castore import sealmark
 from castore.digest import hash_bytes
 from castore.errors import CastoreError, ChainError
 from castore.fsck.packcheck import PackFacts
 from castore.fsio import read_regular
-from castore.layout import CHAIN_DIR, is_object_name, object_relpath, slot_name
+from castore.layout import CHAIN_DIR, MARK_NAME, is_object_name, object_relpath, slot_name
 from castore.links import check_anchor, check_history, check_link, decode_snapshot
 from castore.records import Snapshot
+from castore.sealmark import Mark
 
 if TYPE_CHECKING:
     from castore.fsck.tasks import TaskCheck
 
-MARK_NAME = "sealed"
 
-
-@attrs.frozen
-class Mark:
-    """The content of `tasks/<enc>/sealed`: slots 0 .. through may be gone; `pack` holds
-    `through` (None only for a forgotten task's mark)."""
-
-    pack: str | None
-    through: int
-
-
-def read_mark(path: str) -> Mark:
-    """The mark at `path`; ValueError naming what is wrong (a mark that cannot be read is
-    never ignored: every reader fails closed on it)."""
+def read_mark(task_id: str, task_dir: str) -> Mark | None:
+    """The task's mark (None without one), as every reader reads it; ValueError naming what is
+    wrong (a mark that cannot be read is never ignored: every reader fails closed on it)."""
     try:
-        info = os.lstat(path)
-        if not stat.S_ISREG(info.st_mode):
-            raise ValueError("not a regular file")
-        data = read_regular(path, limit=4096)
+        return sealmark.read(task_id, task_dir)
+    except ChainError as exc:
+        raise ValueError(exc.reason) from None
     except (OSError, CastoreError) as exc:
         raise ValueError(f"cannot be read: {exc}") from None
-    value = codec.decode_value(data[:-1]) if data.endswith(b"\n") else None
-    if (
-        not isinstance(value, dict)
-        or sorted(value) != ["pack", "through"]
-        or type(value["through"]) is not int
-        or value["through"] < 0
-        or not (
-            value["pack"] is None or (type(value["pack"]) is str and is_object_name(value["pack"]))
-        )
-        or codec.encode_value(value) + b"\n" != data
-    ):
-        raise ValueError('not {"pack": <id>|null, "through": <int>} and a newline')
-    return Mark(value["pack"], value["through"])
 
 
 def check_sealed(

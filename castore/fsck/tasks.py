@@ -18,13 +18,14 @@ from castore.fastdecode import canonical_view, decode_canonical
 from castore.fsck.findings import Finding
 from castore.fsck.named import NamedObjects, PlanShape
 from castore.fsck.objects import check_data, read_with_stat
-from castore.fsck.sealed import MARK_NAME, Mark, check_sealed, read_mark
+from castore.fsck.sealed import check_sealed, read_mark
 from castore.fsck.tree import temp_finding
 from castore.fsio import file_kind, open_directory, read_in
 from castore.history import illegal_changes
 from castore.layout import (
     CHAIN_DIR,
     LOCK_NAME,
+    MARK_NAME,
     SEQ_WIDTH,
     TASKS_DIR,
     missing_seqs,
@@ -34,6 +35,7 @@ from castore.layout import (
     slot_name,
 )
 from castore.records import EffectState, Snapshot, TransitionKind
+from castore.sealmark import Mark
 from castore.trees import PART_KINDS
 
 
@@ -154,10 +156,10 @@ class TaskCheck:
                     self.add("lock-held", relpath, "a worker is running this task now")
             elif entry.name == MARK_NAME:
                 try:
-                    self.mark = read_mark(entry.path)
+                    self.mark = read_mark(self.task_id, directory)
                 except ValueError as exc:
                     self._mark_damaged = True
-                    self.add("sealed-mark-damaged", relpath, f"the mark {exc}")
+                    self.add("sealed-mark-damaged", relpath, str(exc))
             elif entry.name != CHAIN_DIR and not entry.name.startswith(".filelock"):
                 self.add("unknown-file", relpath, "not part of a task directory")
 
