@@ -131,7 +131,8 @@ class TaskCheck:
             floor = self.mark.through
         elif self._mark_damaged:
             floor = present[0] - 1  # unknown: the mark's own finding says so
-        above = [seq - floor - 1 for seq in present if seq > floor]
+        # Counted from floor + 1 (no copy of the list for the common case: no mark).
+        above = present if floor < 0 else [seq - floor - 1 for seq in present if seq > floor]
         missing, first_missing = missing_seqs(above, present[-1] - floor - 1)
         if missing:
             shown = [seq + floor + 1 for seq in first_missing]
