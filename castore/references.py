@@ -1,9 +1,9 @@
 """Which object ids an object names: the one place gc, fsck and writers learn it from.
 
 A snapshot names its plan, its parent, its `transition.result_ref`, its `sealed.pack` and its
-`fork.outcomes`; a tree names the values of its `refs`; a pack names `prev`, `plans`, `refs`
-and `first_parent` (its last snapshot is bytes inside it, not a reference). Plans, blobs and
-raw objects name nothing.
+`fork.outcomes` (a tombstone, transition kind `forget`, names nothing); a tree names the
+values of its `refs`; a pack names `prev`, `plans`, `refs` and `first_parent` (its last
+snapshot is bytes inside it, not a reference). Plans, blobs and raw objects name nothing.
 
 Some of these ids are *followed*: they may name a tree or a pack, whose own names count too
 (result_ref, sealed.pack, fork.outcomes, a tree's refs, a pack's prev and refs). The others
@@ -27,6 +27,7 @@ from castore.errors import CastoreError
 
 # Kinds whose bodies name objects that must be followed further.
 FOLLOWED_KINDS = frozenset({"tree", "pack"})
+FORGET = "forget"  # the transition kind of a tombstone (V5)
 
 
 @attrs.frozen
@@ -76,6 +77,10 @@ def _field(record: object, name: str) -> Any:
 def snapshot_names(entry: object) -> Names:
     """The ids a decoded snapshot names (any dict: an unverified slot is read as it is)."""
     if not isinstance(entry, dict):
+        return Names()
+    if _field(entry.get("transition"), "kind") == FORGET:
+        # A tombstone keeps nothing alive: what only the forgotten task named ages out
+        # (its slot, hence the tombstone itself, stays).
         return Names()
     followed = _ids(
         _field(entry.get("transition"), "result_ref"),

@@ -14,7 +14,7 @@ from helpers import cli
 from test_gc_handshake import finish, spawn, wait_stopped
 
 import castore
-from castore import codec
+from castore import codec, references
 from castore.fsck import Severity, check_store
 from castore.gc import GcReport, Reachable, collect
 from castore.layout import temp_name
@@ -221,3 +221,18 @@ def test_reachable_is_what_gc_keeps(store: castore.Store) -> None:
     assert False is reach.unreadable
     assert {head, root.tree, *ids} <= reach.referenced
     assert orphan.tree not in reach.referenced
+
+
+def test_a_tombstone_names_nothing() -> None:
+    """A forgotten task's tombstone (transition kind forget) keeps nothing alive: not its
+    plan, not the packs its anchor names; any other snapshot names them all."""
+    entry = {
+        "plan": "p" * 64,
+        "parent": "a" * 64,
+        "sealed": {"pack": "b" * 64, "through": 3},
+        "transition": {"kind": "forget", "result_ref": None},
+    }
+    assert [] == list(references.named_by("snapshot", codec.encode_value(entry)))
+    entry["transition"] = {"kind": "seal", "result_ref": "c" * 64}
+    named = list(references.named_by("snapshot", codec.encode_value(entry)))
+    assert ["p" * 64, "a" * 64, "c" * 64, "b" * 64] == named

@@ -14,7 +14,8 @@ from castore.fsck.packcheck import PackFacts
 from castore.fsio import read_regular
 from castore.layout import CHAIN_DIR, MARK_NAME, is_object_name, object_relpath, slot_name
 from castore.links import check_anchor, check_history, check_link, decode_snapshot
-from castore.records import Snapshot
+from castore.records import Sealed, Snapshot
+from castore.references import FORGET
 from castore.sealmark import Mark
 
 if TYPE_CHECKING:
@@ -41,13 +42,22 @@ def check_sealed(
     """The mark against HEAD's anchor, then each pack of the anchor's chain: of this task,
     holding the range the chain needs, joining what follows it, agreeing with the slots
     still present in its range; the objects the packs name are referred to and checked."""
-    head_id, snapshot = head
+    snapshot = head[1]
+    if snapshot.transition.kind == FORGET or (mark is not None and mark.pack is None):
+        return  # a forgotten task: its packs age out with what only it named
     anchor = snapshot.sealed
     mark_rel = f"{check.rel}/{MARK_NAME}"
     if mark is not None:
         _check_mark(check, mark_rel, mark, anchor)
-    if anchor is None:
-        return
+    if anchor is not None:
+        _check_packs(check, head, anchor, slot_ids)
+
+
+def _check_packs(
+    check: TaskCheck, head: tuple[str, Snapshot], anchor: Sealed, slot_ids: dict[int, str]
+) -> None:
+    """Each pack of the anchor's chain, newest first (see check_sealed)."""
+    head_id, snapshot = head
     child = _tail_first(check, anchor.through + 1)
     child_at = check.slot_relpath(anchor.through + 1)
     pack_id: str | None = anchor.pack
@@ -94,14 +104,15 @@ def check_sealed(
         check.add("pack-chain-broken", child_at, f"its prev {pack_id} is a newer pack of the chain")
 
 
-def _check_mark(check: TaskCheck, mark_rel: str, mark: Mark, anchor: object) -> None:
-    through = getattr(anchor, "through", None)
-    pack = getattr(anchor, "pack", None)
-    if through is None:
+def _check_mark(check: TaskCheck, mark_rel: str, mark: Mark, anchor: Sealed | None) -> None:
+    """The mark says what a durable commit (HEAD's anchor) says, or less (stale)."""
+    if anchor is None:
         if mark.pack is not None:
             message = f"names pack {mark.pack} through {mark.through}; HEAD carries no seal"
             check.add("sealed-mark-damaged", mark_rel, message, mark.pack)
-    elif mark.through > through:
+        return
+    through, pack = anchor.through, anchor.pack
+    if mark.through > through:
         message = f"says through {mark.through}; HEAD's seal reaches only {through}"
         check.add("sealed-mark-damaged", mark_rel, message, mark.pack)
     elif mark.through == through and mark.pack != pack:
