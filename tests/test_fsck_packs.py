@@ -20,7 +20,7 @@ import castore
 from castore import codec, packs
 from castore.digest import hash_bytes
 from castore.gc import collect
-from castore.layout import MARK_NAME
+from castore.layout import MARK_NAME, temp_name
 from castore.records import Sealed, Transition, TransitionKind, snapshot_version
 from castore.refs import TaskSlots
 
@@ -355,3 +355,15 @@ def test_a_mark_behind_the_newest_seal_is_sealed_mark_stale(
     first = seal(store, "t", 2)
     seal(store, "t", 5, first=3, prev=first, mark=False, pruned=False)
     check(capsys, store.root, [("sealed-mark-stale", INFO, f"tasks/t/{MARK_NAME}", first.id, "t")])
+
+
+def test_a_temp_file_an_interrupted_mark_write_left_is_a_temp_file(
+    store: castore.Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The mark is written by temp file and rename: a crash leaves the temp file in the task
+    directory, which is the info `temp-file` naming the task (gc removes it), not a stranger."""
+    start(store)
+    seal(store, "t", 2)
+    leftover = Path(store.layout.task_dir("t"), temp_name())
+    leftover.write_bytes(b'{"pack":null,"through":9}\n')
+    check(capsys, store.root, [("temp-file", INFO, f"tasks/t/{leftover.name}", None, "t")])

@@ -161,6 +161,8 @@ class TaskCheck:
                 except ValueError as exc:
                     self._mark_damaged = True
                     self.add("sealed-mark-damaged", relpath, str(exc))
+            elif parse_temp_name(entry.name):  # a mark write a crash interrupted (v2)
+                self.found.append(attrs.evolve(temp_finding(self.root, relpath), task=self.task_id))
             elif entry.name != CHAIN_DIR and not entry.name.startswith(".filelock"):
                 self.add("unknown-file", relpath, "not part of a task directory")
 
