@@ -19,7 +19,7 @@ from test_fsck import ERROR, INFO, check, fsck, put_raw, row
 import castore
 from castore import codec, packs
 from castore.digest import hash_bytes
-from castore.gc import collect
+from castore.gc import GcReport, Reachable, collect
 from castore.layout import MARK_NAME, temp_name
 from castore.records import Sealed, Transition, TransitionKind, snapshot_version
 from castore.refs import TaskSlots
@@ -367,3 +367,19 @@ def test_a_temp_file_an_interrupted_mark_write_left_is_a_temp_file(
     leftover = Path(store.layout.task_dir("t"), temp_name())
     leftover.write_bytes(b'{"pack":null,"through":9}\n')
     check(capsys, store.root, [("temp-file", INFO, f"tasks/t/{leftover.name}", None, "t")])
+
+
+def test_gc_follows_a_pack_set_aside_under_its_temp_name(store: castore.Store) -> None:
+    """A pack gc has just set aside is read under its temp name at the second read: what
+    only it names (a pruned step's result blob) is put back with it."""
+    start(store)
+    pack = seal(store, "t", 3)
+    (blob,) = pack.header.refs
+    reach = Reachable(store.root, GcReport())
+    for object_id in (pack.id, blob):
+        own = store.objects.path(object_id)
+        reach.aside[object_id] = str(Path(own).with_name(temp_name()))
+        Path(own).rename(reach.aside[object_id])
+    reach.read_new()
+    assert {pack.id, blob} <= reach.referenced
+    assert False is reach.unreadable
