@@ -17,6 +17,14 @@ the writer's link came before gc's second read, gc sees the slot and puts the ob
 if it came after, the object was already set aside when the writer looked (step 1 precedes
 step 2), so the writer saw the name gone and stored it again. Either way the object exists.
 
+"Names" is transitive through trees and packs (references.py). A commit whose result is a
+tree relies on everything the tree reaches, and looks for each after its link, a tree before
+its parts (trees.parts_reached). So when gc sets a part aside after the writer found it, the
+writer had already made sure of the tree naming it, and gc's second read finds the slot, reads
+the tree (under its set-aside name if it is in the same batch) and puts the part back; a
+followed object gc finds missing is looked for again at every later read, since the writer
+may be storing it again right then.
+
 A crash of gc between a set-aside and its put back leaves the object's bytes under the temp
 name only: the next gc links an old temp file that is a whole object back to its missing
 name instead of removing it. Lock files, chain slots and anything gc cannot classify are
