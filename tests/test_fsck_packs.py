@@ -322,15 +322,20 @@ def test_a_mark_that_cannot_be_read_is_sealed_mark_damaged(
     check(capsys, store.root, [("sealed-mark-damaged", ERROR, f"tasks/t/{MARK_NAME}", None, "t")])
 
 
-@pytest.mark.parametrize("how", ["ahead", "other-pack", "no-anchor"])
+@pytest.mark.parametrize("how", ["ahead", "other-pack", "behind-other-pack", "no-anchor"])
 def test_a_mark_no_durable_seal_backs_is_sealed_mark_damaged(
     store: castore.Store, capsys: pytest.CaptureFixture[str], how: str
 ) -> None:
-    """A mark ahead of HEAD's anchor, naming another pack at the same `through`, or present
-    while HEAD carries no seal says what no durable commit says."""
+    """A mark ahead of HEAD's anchor, naming another pack at the same `through` (or, behind
+    it, another pack than the chain's at its `through`), or present while HEAD carries no
+    seal says what no durable commit says."""
     start(store)
     if how == "no-anchor":
         pack_id, through = store.objects.put_framed(b"castore 2 raw 1\nx"), 1
+    elif how == "behind-other-pack":
+        first = seal(store, "t", 1, mark=False, pruned=False)
+        seal(store, "t", 4, first=2, prev=first, mark=False, pruned=False)
+        pack_id, through = store.put_raw(b"not the first pack").raw, 1
     else:
         pack = seal(store, "t", 2, mark=False, pruned=False)
         pack_id, through = pack.id, 2

@@ -46,20 +46,21 @@ def check_sealed(
     if snapshot.transition.kind == FORGET or (mark is not None and mark.pack is None):
         return  # a forgotten task: its packs age out with what only it named
     anchor = snapshot.sealed
-    mark_rel = f"{check.rel}/{MARK_NAME}"
+    ends = _check_packs(check, head, anchor, slot_ids) if anchor is not None else {}
     if mark is not None:
-        _check_mark(check, mark_rel, mark, anchor)
-    if anchor is not None:
-        _check_packs(check, head, anchor, slot_ids)
+        _check_mark(check, f"{check.rel}/{MARK_NAME}", mark, anchor, ends)
 
 
 def _check_packs(
     check: TaskCheck, head: tuple[str, Snapshot], anchor: Sealed, slot_ids: dict[int, str]
-) -> None:
-    """Each pack of the anchor's chain, newest first (see check_sealed)."""
+) -> dict[int, str]:
+    """Each pack of the anchor's chain, newest first (see check_sealed); the packs that held
+    together, by the last seq each holds."""
     head_id, snapshot = head
+    ends: dict[int, str] = {}
     child = _tail_first(check, anchor.through + 1)
     child_at = check.slot_relpath(anchor.through + 1)
+    child_object = child[0] if child is not None else None
     pack_id: str | None = anchor.pack
     expected_last, seen = anchor.through, set()
     while pack_id is not None and pack_id not in seen:
@@ -74,22 +75,22 @@ def _check_packs(
                 )
                 check.add("missing-object", check.slot_relpath(snapshot.seq), message, head_id)
             else:
-                check.add(
-                    "pack-chain-broken", child_at, f"its prev {pack_id} is missing or damaged"
-                )
-            return
+                message = f"its prev {pack_id} is missing or damaged"
+                check.add("pack-chain-broken", child_at, message, child_object)
+            return ends
         pack_rel = object_relpath(pack_id)
         header = facts.pack.header
         if header.task != check.task_id:
             check.add("pack-wrong-task", pack_rel, f"a pack of task {header.task!r}", pack_id)
-            return
+            return ends
         if header.last_seq != expected_last:
             message = (
                 f"holds {header.first_seq}..{header.last_seq}; the chain needs it to end at "
                 f"{expected_last}"
             )
             check.add("pack-chain-broken", pack_rel, message, pack_id)
-            return
+            return ends
+        ends[header.last_seq] = pack_id
         if child is not None:
             _check_join(check, facts, child, child_at)
         for seq in range(header.first_seq, header.last_seq + 1):
@@ -98,14 +99,19 @@ def _check_packs(
                 message = f"holds {present}; pack {pack_id} holds {facts.id_at(seq)} there"
                 check.add("pack-slot-disagree", check.slot_relpath(seq), message, present)
         _refer(check, facts, pack_rel, pack_id)
-        child, child_at = (facts.ids[0], facts.first), pack_rel
+        child, child_at, child_object = (facts.ids[0], facts.first), pack_rel, pack_id
         expected_last, pack_id = header.first_seq - 1, header.prev
     if pack_id is not None:  # a prev already seen: packs that name each other
-        check.add("pack-chain-broken", child_at, f"its prev {pack_id} is a newer pack of the chain")
+        message = f"its prev {pack_id} is a newer pack of the chain"
+        check.add("pack-chain-broken", child_at, message, child_object)
+    return ends
 
 
-def _check_mark(check: TaskCheck, mark_rel: str, mark: Mark, anchor: Sealed | None) -> None:
-    """The mark says what a durable commit (HEAD's anchor) says, or less (stale)."""
+def _check_mark(
+    check: TaskCheck, mark_rel: str, mark: Mark, anchor: Sealed | None, ends: dict[int, str]
+) -> None:
+    """The mark says what a durable commit (HEAD's anchor) says, or less (stale: then what
+    an older anchor said, a pack of the chain that ends at its `through`)."""
     if anchor is None:
         if mark.pack is not None:
             message = f"names pack {mark.pack} through {mark.through}; HEAD carries no seal"
@@ -117,6 +123,9 @@ def _check_mark(check: TaskCheck, mark_rel: str, mark: Mark, anchor: Sealed | No
         check.add("sealed-mark-damaged", mark_rel, message, mark.pack)
     elif mark.through == through and mark.pack != pack:
         message = f"names pack {mark.pack} through {through}; HEAD's seal names {pack}"
+        check.add("sealed-mark-damaged", mark_rel, message, mark.pack)
+    elif ends and ends.get(mark.through) != mark.pack:
+        message = f"names pack {mark.pack} through {mark.through}; no pack of the chain does"
         check.add("sealed-mark-damaged", mark_rel, message, mark.pack)
     elif mark.through < through:
         message = f"says through {mark.through}; HEAD's seal reaches {through}"
