@@ -43,6 +43,7 @@ from castore.plans import plan_id
 from castore.records import BlobRef, EffectState, Plan, Snapshot, Step, effect
 from castore.run import Run, derive_key
 from castore.store import Store
+from castore.trees import RawRef, Tree, TreeRef
 
 __version__ = "0.1.0"
 
@@ -75,6 +76,7 @@ __all__ = [
     "PayloadError",
     "Plan",
     "PlanDriftError",
+    "RawRef",
     "Reconciled",
     "ResumeRefusedError",
     "Run",
@@ -91,6 +93,8 @@ __all__ = [
     "TaskBusyError",
     "TaskExistsError",
     "TaskNotFoundError",
+    "Tree",
+    "TreeRef",
     "UnknownVersionError",
     "UnsafeFileError",
     "UsageError",

@@ -17,6 +17,14 @@ the writer's link came before gc's second read, gc sees the slot and puts the ob
 if it came after, the object was already set aside when the writer looked (step 1 precedes
 step 2), so the writer saw the name gone and stored it again. Either way the object exists.
 
+"Names" is transitive through trees and packs (references.py). A commit whose result is a
+tree relies on everything the tree reaches, and looks for each after its link, a tree before
+its parts (trees.parts_reached). So when gc sets a part aside after the writer found it, the
+writer had already made sure of the tree naming it, and gc's second read finds the slot, reads
+the tree (under its set-aside name if it is in the same batch) and puts the part back; a
+followed object gc finds missing is looked for again at every later read, since the writer
+may be storing it again right then.
+
 A crash of gc between a set-aside and its put back leaves the object's bytes under the temp
 name only: the next gc links an old temp file that is a whole object back to its missing
 name instead of removing it. Lock files, chain slots and anything gc cannot classify are
@@ -32,7 +40,7 @@ from collections.abc import Iterator
 
 import attrs
 
-from castore import codec, crashpoints, fsio
+from castore import codec, crashpoints, fsio, references
 from castore.digest import hash_bytes
 from castore.errors import CastoreError, StoreIOError, UsageError
 from castore.layout import (
@@ -40,12 +48,12 @@ from castore.layout import (
     OBJECTS_DIR,
     TASKS_DIR,
     is_object_name,
+    object_relpath,
     parse_slot_name,
     parse_temp_name,
     temp_name,
 )
 from castore.store import Store
-from castore.verify import named_ids
 
 DEFAULT_GRACE_S = 14 * 86400
 # Objects set aside at once before the slots are read again: bounds how many objects a gc
@@ -62,27 +70,44 @@ class GcReport:
     kept_young: int = 0
     unreadable_tasks: list[str] = attrs.field(factory=list)
     restored: list[str] = attrs.field(factory=list)  # objects a crashed gc had left aside
-
-
-class _Slots:
-    """What the chain slots name, read once per slot, and read again for new slots only."""
-
-    def __init__(self, root: str, report: GcReport) -> None:
-        self.referenced: set[str] = set()
-        self._root = root
-        self._report = report
-        self._seen: set[str] = set()
+    # Trees, packs (or objects in their place) whose names could not be read: id -> why.
+    unreadable_objects: dict[str, str] = attrs.field(factory=dict)
 
     @property
     def unreadable(self) -> bool:
-        return bool(self._report.unreadable_tasks)
+        """True when gc kept every object: something a chain names could not be read."""
+        return bool(self.unreadable_tasks or self.unreadable_objects)
+
+
+class Reachable:
+    """What the chain slots name, directly and through the trees and packs they name, read
+    once per slot (slots are immutable) and read again for new slots only.
+
+    A named tree or pack that is missing is looked for again at every later read: a writer
+    that finds it gone after its link stores it again (refs.py), and its parts after it, so
+    a read that follows a set-aside must see it once it is back."""
+
+    def __init__(self, root: str, report: GcReport) -> None:
+        self._root = root
+        self._report = report
+        self._seen: set[str] = set()  # slot paths read
+        self._walk = references.Walk()
+        self._loaded: set[str] = set()  # followed ids already loaded
+        self.referenced = self._walk.reached
+        # Objects set aside by the batch in progress: id -> temp path, read from there.
+        self.aside: dict[str, str] = {}
+
+    @property
+    def unreadable(self) -> bool:
+        return self._report.unreadable
 
     def read_new(self) -> None:
-        """Read every slot not read before (slots are immutable: one read each is enough)."""
+        """Read every slot not read before, and follow what the new ones name."""
         tasks_dir = os.path.join(self._root, TASKS_DIR)
         if not os.path.isdir(tasks_dir) or os.path.islink(tasks_dir):
             self._unreadable("<tasks/ is missing or not a directory>")
             return
+        roots = [references.Names(followed=tuple(sorted(self._walk.missing)))]
         for task in sorted(_listdir(tasks_dir)):
             chain = os.path.join(tasks_dir, task, CHAIN_DIR)
             if os.path.islink(os.path.join(tasks_dir, task)) or os.path.islink(chain):
@@ -96,13 +121,23 @@ class _Slots:
                     continue
                 try:
                     data = fsio.read_regular(path)
-                    entry = codec.decode_value(codec.unframe(data)[1])
+                    # Read as a snapshot whatever its header says: a slot that does not
+                    # decode might name anything.
+                    roots.append(references.names("snapshot", codec.unframe(data)[1]))
                 except (CastoreError, OSError, ValueError):
                     self._unreadable(task)
                     break
                 self._seen.add(path)
                 self.referenced.add(hash_bytes(data))
-                self.referenced.update(named_ids(entry))
+        references.walk(roots, self._load, self._loaded, self._walk)
+        self._report.unreadable_objects.update(self._walk.unreadable)
+
+    def _load(self, object_id: str) -> references.Loaded:
+        """What a followed id names (a set-aside object is read under its temp name)."""
+        if not is_object_name(object_id):
+            return ""  # no object can have this name: it names nothing
+        path = self.aside.get(object_id) or os.path.join(self._root, object_relpath(object_id))
+        return references.load_path(path)
 
     def _unreadable(self, task: str) -> None:
         if task not in self._report.unreadable_tasks:
@@ -130,7 +165,7 @@ def _candidates(root: str, cutoff: float, report: GcReport) -> Iterator[tuple[st
                 yield name, True
     for top in (os.path.join(root, OBJECTS_DIR), os.path.join(root, TASKS_DIR)):
         if not os.path.lexists(top):
-            continue  # tasks/ missing: _Slots reports it; objects/ missing: nothing to do
+            continue  # tasks/ missing: Reachable reports it; objects/ missing: nothing to do
         # An unreadable directory must not look like an empty one ("removed 0 files").
         for directory, _dirs, files in os.walk(top, onerror=_raise_walk_error):
             for name in files:
@@ -199,7 +234,7 @@ def _remove_temp(
 
 
 def _collect_batch(
-    root: str, batch: list[str], cutoff: float, slots: _Slots, report: GcReport
+    root: str, batch: list[str], cutoff: float, slots: Reachable, report: GcReport
 ) -> set[str]:
     """Set a batch of unnamed old objects aside, read the new slots, put back what they
     name (or what became young), unlink the rest; the directories changed."""
@@ -222,7 +257,13 @@ def _collect_batch(
     for _, full, _, _ in aside:
         fsio.remove_if_present(full)
     crashpoints.reach("gc.set_aside")
-    slots.read_new()  # after every set-aside: see the module docstring
+    # A tree or pack set aside is read under its temp name: what a new slot reaches through
+    # it is put back with it.
+    slots.aside = {os.path.basename(full): temp for _, full, temp, _ in aside}
+    try:
+        slots.read_new()  # after every set-aside: see the module docstring
+    finally:
+        slots.aside = {}
     crashpoints.reach("gc.reread")
     touched: set[str] = set()
     for relpath, full, temp, size in aside:
@@ -246,6 +287,16 @@ def _sync_second_names(directories: set[str]) -> None:
     self-test removes exactly this step, tests/test_power_loss_gc.py)."""
     for directory in sorted(directories):
         fsio.fsync_dir(directory)
+
+
+@fsio.translating
+def reachable(path: str | os.PathLike[str]) -> Reachable:
+    """Everything the chains of the store at `path` name, directly and through the trees and
+    packs they name (one read of every slot): what gc keeps. `.unreadable` says whether that
+    is known at all (if not, gc keeps every object)."""
+    reach = Reachable(Store.open(path).root, GcReport())
+    reach.read_new()
+    return reach
 
 
 @fsio.translating
@@ -278,7 +329,7 @@ def _collect(root: str, grace_s: float, dry_run: bool, now: float | None) -> GcR
     report = GcReport()
     cutoff = (now if now is not None else time.time()) - grace_s
     candidates = list(_candidates(root, cutoff, report))  # listed before reachability is read
-    slots = _Slots(root, report)
+    slots = Reachable(root, report)
     slots.read_new()
     crashpoints.reach("gc.slots_read")
     touched: set[str] = set()

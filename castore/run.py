@@ -22,7 +22,6 @@ from castore.layout import validate_object_id
 from castore.objects import ObjectStore
 from castore.outcomes import Outcome
 from castore.records import (
-    BlobRef,
     EffectRecord,
     EffectState,
     Frontier,
@@ -37,6 +36,7 @@ from castore.records import (
 from castore.refs import TaskSlots
 from castore.seal import Sealer, SealReport
 from castore.tasklock import TaskLock
+from castore.trees import load_result, parts_reached, stored_result
 from castore.verify import VerifiedChain, mark_through
 
 if TYPE_CHECKING:
@@ -206,7 +206,7 @@ class Run:
         """The result of a finished plain step (loaded from its blob if stored by reference)."""
         found = self.outcome(step_id)
         if found.result_ref is not None:
-            return codec.decode_value(self._objects.get(found.result_ref, "blob"))
+            return load_result(self._objects, found.result_ref)
         return found.result
 
     def receipt(self, step_id: str) -> str | None:
@@ -225,11 +225,14 @@ class Run:
                 f"step {step_id!r} is an effect: run it with `with run.effect({step_id!r}) as "
                 "call:` so its key is persisted before the request"
             )
-        inline, ref = (None, result.blob) if isinstance(result, BlobRef) else (result, None)
+        stored = stored_result(result)  # a BlobRef, RawRef or TreeRef: (id, kind)
+        inline, ref = (None, stored[0]) if stored else (result, None)
         if ref is not None:
             self._objects.restore(validate_object_id(ref))  # gc took it before this commit
-        if ref is not None and self._objects.kind_of(ref) != "blob":
-            raise UsageError(f"blob {ref} is not in this store; store it with store.put_blob()")
+        if stored is not None and self._objects.kind_of(stored[0]) != stored[1]:
+            raise UsageError(
+                f"{stored[1]} {ref} is not in this store; store it with store.put_{stored[1]}()"
+            )
         transition = Transition(TransitionKind.STEP, step=step_id, result=inline, result_ref=ref)
         snapshot_id = self.advance(transition, self.head.effects, move_frontier=True)
         self._outcomes.record(Outcome(step_id, self.head.seq, inline, ref))
@@ -291,7 +294,10 @@ class Run:
             fsio.fsync_dir(self._slots.directory)
             self._head_durable = True
         # What no earlier slot names: gc could remove it before it sees this commit (refs.py).
-        relies_on = [oid for oid in (transition.result_ref, plan_id) if oid is not None]
+        reached = (
+            parts_reached(self._objects, transition.result_ref) if transition.result_ref else []
+        )
+        relies_on = [*reached, *([plan_id] if plan_id is not None else [])]
         try:
             snapshot_id = self._slots.commit(data, snapshot.seq, self.head_id, relies_on)
         except (ConflictError, CommitUncertainError) as exc:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
-from castore import codec, fsio, gate, resolution, status, storeinit
+from castore import codec, fsio, gate, resolution, status, storeinit, trees
 from castore.digest import hash_bytes
 from castore.errors import (
     ConflictError,
+    EncodingError,
     FormatVersionError,
     IntegrityError,
     ObjectCorruptError,
@@ -45,6 +46,7 @@ from castore.run import (
 from castore.seal import SEAL_EVERY
 from castore.status import TaskStatus
 from castore.tasklock import TaskLock
+from castore.trees import RawRef, Tree, TreeRef
 from castore.verify import (
     VerifiedChain,
     decode_snapshot,
@@ -56,6 +58,7 @@ from castore.verify import (
 MARKER = storeinit.MARKER
 DEFAULT_LOCK_TIMEOUT = 10.0
 FIRST_SLOT = slot_name(0)
+_HEIGHTS_KEPT = 1 << 16  # tree heights remembered by one Store (put_tree's depth check)
 
 
 @fsio.translating_methods  # no OSError leaves the public API: a castore error names the path
@@ -74,6 +77,7 @@ class Store:
         self.objects = ObjectStore(self.layout)
         self._budget = snapshot_budget
         self._clock = clock
+        self._heights: dict[str, int] = {}
         self._check_marker()
 
     @classmethod
@@ -86,6 +90,7 @@ class Store:
         store.objects = ObjectStore(store.layout)
         store._budget = DEFAULT_SNAPSHOT_BUDGET
         store._clock = wall_clock_ms
+        store._heights = {}
         store.format_version = codec.FORMAT_VERSION  # never written to: nothing depends on it
         for directory in (store.layout.objects, store.layout.tasks):
             fsio.require_real_directory(directory)
@@ -403,6 +408,91 @@ class Store:
             return codec.decode_value(self.objects.get(blob_id, "blob"))
         except ValueError as exc:  # hash-valid but not a value castore writes (too deep, ...)
             raise ObjectCorruptError(blob_id, self.objects.path(blob_id), str(exc)) from exc
+
+    def put_raw(self, data: bytes) -> RawRef:
+        """Store bytes verbatim (serialized framework state, an encrypted payload) as one raw
+        object; record the returned RawRef as a step's result or name it in a tree.
+
+        The secret guard cannot look inside: bytes have no fields to judge and may be
+        compressed or encrypted, so a credential in them is stored as it is. Encrypt what
+        must not be at rest in the store."""
+        framed = trees.raw_bytes(data)
+        self._require_v2("put_raw")
+        return RawRef(self.objects.put_framed(framed))
+
+    def get_raw(self, ref: RawRef | str) -> bytes:
+        """The bytes of a raw object, verified."""
+        return self.objects.get(trees.ref_id(ref), "raw")
+
+    def put_tree(
+        self,
+        refs: Mapping[str, trees.Ref | str],
+        data: Any = None,
+        *,
+        allow_fields: Collection[str] = (),
+    ) -> TreeRef:
+        """Store a tree: `refs` names its parts (blobs, raw objects, trees) by name, `data`
+        is any value. gc keeps and fsck checks every part a committed tree names. Each part
+        must be stored already (UsageError otherwise) and is made young again, as storing it
+        again would. `data` and the part names pass the secret guard, as a blob does."""
+        tree = trees.tree_of(refs, data)
+        codec.check_depth(data)  # before the secret scan, which recurses
+        refuse_secrets(data, allow_fields, "$.data")
+        refuse_secrets(list(tree.refs), allow_fields, "$.refs")  # names as text: a token?
+        framed = trees.tree_bytes(tree)
+        self._require_v2("put_tree")
+        tallest = 0
+        for name, part in sorted(tree.refs.items()):
+            kind = self.objects.kind_of(part)
+            if kind not in trees.PART_KINDS or not fsio.refresh_mtime(self.objects.path(part)):
+                found = "no such object" if kind is None else f"a {kind}"
+                raise UsageError(
+                    f"part {name!r} of the tree names {part}: {found} in {self.root}; store "
+                    "it first with put_blob, put_raw or put_tree and name what they return"
+                )
+            if kind == "tree":
+                tallest = max(tallest, self._tree_height(part))
+        if tallest >= trees.MAX_TREE_DEPTH:
+            raise EncodingError(
+                "$.refs",
+                f"the tree would nest {tallest + 1} trees deep (castore's limit is "
+                f"{trees.MAX_TREE_DEPTH})",
+                "name the parts of the deep trees from a flatter tree",
+            )
+        return TreeRef(self.objects.put_framed(framed))
+
+    def get_tree(self, ref: TreeRef | str) -> Tree:
+        """The record of a tree object, verified: its `data` and `refs` (name -> id)."""
+        tree_id = trees.ref_id(ref)
+        body = self.objects.get(tree_id, "tree")
+        try:
+            return trees.decode_tree(body)
+        except ValueError as exc:  # hash-valid but not a tree castore writes
+            raise ObjectCorruptError(tree_id, self.objects.path(tree_id), str(exc)) from exc
+
+    def _require_v2(self, what: str) -> None:
+        """Raw and tree objects are format 2: a v1 store gets none until it is upgraded, so
+        that every reader of it (a castore of format 1 too) still reads all it holds."""
+        if self.format_version < trees.VERSION:
+            raise UsageError(
+                f"{what}: {self.root} is a format-{self.format_version} store, and raw and tree "
+                f"objects are format {trees.VERSION}; run `castore upgrade {self.root}` first"
+            )
+
+    def _tree_height(self, tree_id: str) -> int:
+        """How many trees deep a stored tree nests (memoised: an id's height never changes)."""
+
+        def tree_children(parent: str) -> list[str]:
+            refs = self.get_tree(parent).refs.values()
+            return [part for part in refs if self.objects.kind_of(part) == "tree"]
+
+        if len(self._heights) > _HEIGHTS_KEPT:
+            self._heights.clear()
+        try:
+            return trees.height(tree_id, tree_children, self._heights)
+        except ValueError as exc:
+            path = self.objects.path(tree_id)
+            raise ObjectCorruptError(tree_id, path, str(exc)) from exc
 
     def _slots(self, task_id: str) -> TaskSlots:
         slots = TaskSlots(self.layout, self.objects, task_id)

@@ -85,7 +85,7 @@ def finding_line(finding: Finding) -> str:
 
 def cmd_gc(args: argparse.Namespace) -> int:
     report = collect(store_path(args), grace_s=args.grace, dry_run=args.dry_run)
-    status = EXIT_OK if not report.unreadable_tasks else EXIT_USAGE
+    status = EXIT_OK if not report.unreadable else EXIT_USAGE
     if args.json:
         emit_json(
             {
@@ -94,6 +94,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
                 "bytes_freed": report.bytes_freed,
                 "kept_young": report.kept_young,
                 "unreadable_tasks": report.unreadable_tasks,
+                "unreadable_objects": report.unreadable_objects,
             }
         )
         return status
@@ -104,6 +105,11 @@ def cmd_gc(args: argparse.Namespace) -> int:
         print(
             f"kept every object: cannot read the chains of {', '.join(report.unreadable_tasks)} "
             "(run `castore fsck`)",
+            file=sys.stderr,
+        )
+    for object_id, why in sorted(report.unreadable_objects.items()):
+        print(
+            f"kept every object: cannot read what {object_id} names: {why} (run `castore fsck`)",
             file=sys.stderr,
         )
     print(

@@ -145,6 +145,50 @@ CODES: dict[str, tuple[Severity, str]] = {
         "an effect has been SUBMITTED for long; is its worker alive?",
     ),
     "lock-held": (Severity.INFO, "a worker holds the task's lock right now"),
+    "pack-truncated": (
+        Severity.ERROR,
+        "a pack shorter than its header says (a partial copy); restore it from a backup",
+    ),
+    "pack-hash-mismatch": (
+        Severity.ERROR,
+        "a pack's bytes do not hash to its name; restore it from a backup",
+    ),
+    "pack-wrong-task": (
+        Severity.ERROR,
+        "a task's seal names a pack of another task: spliced; restore the task from a backup",
+    ),
+    "pack-chain-broken": (
+        Severity.ERROR,
+        "a pack whose snapshots, index or header do not hold together, or do not join the "
+        "chain that names it; castore never writes one; restore from a backup",
+    ),
+    "pack-slot-disagree": (
+        Severity.ERROR,
+        "a slot still present in a sealed range holds another snapshot than the pack",
+    ),
+    "sealed-mark-stale": (
+        Severity.INFO,
+        "the sealed mark is behind the newest durable seal (a run stopped before writing it); "
+        "the next run or gc catches up",
+    ),
+    "sealed-mark-damaged": (
+        Severity.ERROR,
+        "the task's sealed mark cannot be read, or says what no durable seal does; resume "
+        "refuses the task; restore the mark from a backup",
+    ),
+    "tree-missing-part": (
+        Severity.ERROR,
+        "a tree a chain reaches names a part that is missing, damaged or of a kind a tree "
+        "cannot name; restore the part (the same bytes give the same id)",
+    ),
+    "tree-cycle": (
+        Severity.ERROR,
+        "trees that name each other in a loop: impossible without forged ids; restore them",
+    ),
+    "tree-too-deep": (
+        Severity.WARNING,
+        "trees nested deeper than castore writes (100); readers still follow them",
+    ),
 }
 
 

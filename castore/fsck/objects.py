@@ -14,10 +14,12 @@ from castore.digest import hash_bytes
 from castore.errors import CastoreError, FormatVersionError, UnsafeFileError
 from castore.fastdecode import decode_canonical, decode_canonical_value, too_deep
 from castore.fsck.findings import Finding
+from castore.fsck.packcheck import PACK_PREFIX, PackBroken, check_pack, damaged_code
 from castore.fsio import read_regular_with_stat
-from castore.layout import object_relpath
+from castore.layout import is_object_name, object_relpath
 from castore.plans import validate_plan
 from castore.records import Plan, Snapshot
+from castore.trees import Tree
 
 _EXPECTED_LINKS = {"snapshot": 2}  # a snapshot object is also its chain slot
 
@@ -132,6 +134,8 @@ def check_data(
     if not data:
         return report("object-empty", "the file is empty")
     actual = hashed or hash_bytes(data)
+    if actual != object_id and data.startswith(PACK_PREFIX):
+        return report(damaged_code(data), f"its bytes hash to {actual}")
     if actual != object_id:
         # A valid object under another's name; check_store turns this into a hash mismatch
         # unless that other object really exists (else it is bit rot that still decodes).
@@ -164,6 +168,12 @@ def _check_content(
     except codec.FrameError as exc:
         code = {"empty": "object-empty", "truncated": "truncated"}.get(exc.code, exc.code)
         return report(code, exc.reason)
+    if kind == "pack":
+        try:
+            record: object = check_pack(object_id, data, relpath)
+        except PackBroken as exc:
+            return report("pack-chain-broken", str(exc))
+        return ObjectReport(object_id, relpath, kind, tuple(found), record=record)
     try:
         record = _decode(kind, body)
         if isinstance(record, Plan):
@@ -178,8 +188,17 @@ def _check_content(
 
 
 def _decode(kind: str, body: bytes) -> object:
-    """The record of a body (None for a blob), by the fast path where it can vouch for the
-    body, else by the strict one; _Damage says why the body is not valid."""
+    """The record of a body (None for a blob or raw bytes), by the fast path where it can
+    vouch for the body, else by the strict one; _Damage says why the body is not valid."""
+    if kind == "raw":
+        return None  # any bytes: a raw object's only check is its hash
+    record = _decode_record(kind, body)
+    if isinstance(record, Tree):
+        _check_tree(record, body)
+    return record
+
+
+def _decode_record(kind: str, body: bytes) -> object:
     record_type = _RECORDS.get(kind)
     if record_type is None:
         if decode_canonical_value(body) is not None:
@@ -222,8 +241,19 @@ def _decode_strict(kind: str, body: bytes) -> object:
         raise _Damage("schema-invalid", f"not a valid {kind}: {_first_line(exc)}") from None
 
 
+def _check_tree(tree: Tree, body: bytes) -> None:
+    """What a Tree record alone does not say: both fields were written, and every ref is an
+    object id (castore writes nothing else, so nothing else can be followed)."""
+    whole = b'{"data":%s,"refs":%s}' % (canonical_bytes(tree.data), canonical_bytes(tree.refs))
+    if whole != body:  # the body is canonical: only a missing field can make it differ
+        raise _Damage("schema-invalid", 'not a valid tree: it lacks "data" or "refs"')
+    for name, object_id in tree.refs.items():
+        if not is_object_name(object_id):
+            raise _Damage("schema-invalid", f"not a valid tree: part {name!r} names {object_id!r}")
+
+
 def _first_line(exc: BaseException) -> str:
     return (str(exc) or type(exc).__name__).splitlines()[0]
 
 
-_RECORDS: dict[str, type] = {"plan": Plan, "snapshot": Snapshot}
+_RECORDS: dict[str, type] = {"plan": Plan, "snapshot": Snapshot, "tree": Tree}

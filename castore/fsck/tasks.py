@@ -10,7 +10,7 @@ import stat
 
 import attrs
 
-from castore import codec
+from castore import codec, references
 from castore.codec import intact_body
 from castore.digest import hash_bytes
 from castore.errors import CastoreError
@@ -18,12 +18,14 @@ from castore.fastdecode import canonical_view, decode_canonical
 from castore.fsck.findings import Finding
 from castore.fsck.named import NamedObjects, PlanShape
 from castore.fsck.objects import check_data, read_with_stat
+from castore.fsck.sealed import check_sealed, read_mark
 from castore.fsck.tree import temp_finding
 from castore.fsio import file_kind, open_directory, read_in
 from castore.history import illegal_changes
 from castore.layout import (
     CHAIN_DIR,
     LOCK_NAME,
+    MARK_NAME,
     SEQ_WIDTH,
     TASKS_DIR,
     missing_seqs,
@@ -33,7 +35,8 @@ from castore.layout import (
     slot_name,
 )
 from castore.records import EffectState, Snapshot, TransitionKind
-from castore.verify import named_ids
+from castore.sealmark import Mark
+from castore.trees import PART_KINDS
 
 
 @attrs.frozen
@@ -84,6 +87,9 @@ class TaskCheck:
         self.clean_inodes: list[int] = []
         self._plan_id: str | None = None  # the plan of the last clean slot, and its shape
         self._plan: PlanShape | None = None
+        self.mark: Mark | None = None  # the sealed mark (v2), if there is a readable one
+        self._mark_damaged = False
+        self._head: tuple[str, Snapshot] | None = None
 
     def add(self, code: str, relpath: str, message: str, object_id: str | None = None) -> None:
         self.found.append(Finding(code, relpath, message, object_id, self.task_id))
@@ -104,17 +110,41 @@ class TaskCheck:
                 return self.found
         self._directory_entries(directory)
         slots = self._slots(chain_dir)
-        if not slots:
-            self.add("no-chain", f"{self.rel}/{CHAIN_DIR}", "no slot 0")
+        sealed = self.mark is not None or self._mark_damaged
+        if not slots or (0 not in slots and not sealed):
+            self.add(
+                "no-chain", f"{self.rel}/{CHAIN_DIR}", "no slot 0" if not sealed else "no slot"
+            )
             return self.found
         present = sorted(slots)
-        missing, first_missing = missing_seqs(present, present[-1])
+        self._gaps(present)
+        self._walk(chain_dir, present, slots)
+        if self._head is not None and (self._head[1].sealed is not None or self.mark):
+            check_sealed(self, self._head, self.mark, self._slot_ids())
+        return self.found
+
+    def _gaps(self, present: list[int]) -> None:
+        """Slots missing below HEAD; with a sealed mark, only those above its `through` (the
+        ones below may have been pruned: the packs hold them)."""
+        floor = -1
+        if self.mark is not None:
+            floor = self.mark.through
+        elif self._mark_damaged:
+            floor = present[0] - 1  # unknown: the mark's own finding says so
+        # Counted from floor + 1 (no copy of the list for the common case: no mark).
+        above = present if floor < 0 else [seq - floor - 1 for seq in present if seq > floor]
+        missing, first_missing = missing_seqs(above, present[-1] - floor - 1)
         if missing:
-            listed = ", ".join(map(str, first_missing)) + (", ..." if missing > 10 else "")
+            shown = [seq + floor + 1 for seq in first_missing]
+            listed = ", ".join(map(str, shown)) + (", ..." if missing > 10 else "")
             message = f"missing slots [{listed}] ({missing} in all)"
             self.add("slot-gap", f"{self.rel}/{CHAIN_DIR}", message)
-        self._walk(chain_dir, present, slots)
-        return self.found
+
+    def _slot_ids(self) -> dict[int, str]:
+        """seq -> snapshot id of every slot read."""
+        found = dict(zip(self.clean_seqs, self.clean_ids, strict=True))
+        found.update((slot.seq, slot.snapshot_id) for slot in self.slots)
+        return found
 
     def _directory_entries(self, directory: str) -> None:
         for entry in os.scandir(directory):
@@ -125,6 +155,14 @@ class TaskCheck:
                     self.add("unsafe-file", relpath, f"a {file_kind(mode)} as lock file")
                 elif _lock_held(entry.path):
                     self.add("lock-held", relpath, "a worker is running this task now")
+            elif entry.name == MARK_NAME:
+                try:
+                    self.mark = read_mark(self.task_id, directory)
+                except ValueError as exc:
+                    self._mark_damaged = True
+                    self.add("sealed-mark-damaged", relpath, str(exc))
+            elif parse_temp_name(entry.name):  # a mark write a crash interrupted (v2)
+                self.found.append(attrs.evolve(temp_finding(self.root, relpath), task=self.task_id))
             elif entry.name != CHAIN_DIR and not entry.name.startswith(".filelock"):
                 self.add("unknown-file", relpath, "not part of a task directory")
 
@@ -169,7 +207,7 @@ class TaskCheck:
                 if dir_fd >= 0 and (previous is not None or seq == 0):
                     loaded = self._clean_slot(dir_fd, name, seq, previous)
                 if loaded is None:  # something to report: the full check says what
-                    relpath = self._slot_relpath(seq)
+                    relpath = self.slot_relpath(seq)
                     loaded = self._load_slot(f"{chain_dir}/{name}", seq, relpath)
                     if loaded is None:
                         previous = None
@@ -177,12 +215,13 @@ class TaskCheck:
                     self._check_entry(relpath, seq, loaded[0], loaded[1], previous)
                 previous = loaded
                 if seq == head:
-                    self._check_head(self._slot_relpath(seq), loaded[0], loaded[1])
+                    self._head = loaded
+                    self._check_head(self.slot_relpath(seq), loaded[0], loaded[1])
         finally:
             if dir_fd >= 0:
                 os.close(dir_fd)
 
-    def _slot_relpath(self, seq: int) -> str:
+    def slot_relpath(self, seq: int) -> str:
         return f"{self.rel}/{CHAIN_DIR}/{slot_name(seq)}"
 
     def _clean_slot(
@@ -206,8 +245,8 @@ class TaskCheck:
             return None
         result_ref = snapshot.transition.result_ref
         if result_ref is not None:
-            blob = self.named.report(result_ref)
-            if blob is None or blob.kind != "blob":
+            result = self.named.report(result_ref)
+            if result is None or result.kind not in PART_KINDS:
                 return None
             self.refs.add(result_ref)
         # Its own id and its parent's (a slot of this chain) need no entry in self.refs:
@@ -289,9 +328,9 @@ class TaskCheck:
             bad("root-not-start", f"sequence {seq} records a {transition.kind.value}")
         if snapshot.parent is not None:
             self.refs.add(snapshot.parent)  # named, so never "unreachable" (gc keeps it too)
-        self._check_ref(relpath, snapshot_id, snapshot.plan, "plan")
+        self._check_ref(relpath, snapshot_id, snapshot.plan, ("plan",))
         if transition.result_ref is not None:
-            self._check_ref(relpath, snapshot_id, transition.result_ref, "blob")
+            self._check_ref(relpath, snapshot_id, transition.result_ref, PART_KINDS)
         if previous is None:
             if seq == 0 and snapshot.parent is not None:
                 bad("broken-link", f"sequence 0 names a parent {snapshot.parent}")
@@ -314,15 +353,15 @@ class TaskCheck:
                 bad("illegal-transition", message)
         self._check_frontier(relpath, snapshot_id, snapshot)
 
-    def _check_ref(self, relpath: str, snapshot_id: str, ref: str, kind: str) -> None:
-        """A plan or result blob a snapshot names exists, is intact and is of that kind."""
+    def _check_ref(self, relpath: str, snapshot_id: str, ref: str, kinds: tuple[str, ...]) -> None:
+        """A plan or result a snapshot names exists, is intact and is of one of `kinds`."""
         self.refs.add(ref)
-        report = self.named.report(ref)
+        report = self.named.report(ref, followed=kinds != ("plan",))
         if report is None or report.damaged:
             message = f"names {ref}, which is missing or damaged"
             self.add("missing-object", relpath, message, snapshot_id)
-        elif report.kind != kind:
-            message = f"names {ref} as a {kind}; it is a {report.kind}"
+        elif report.kind not in kinds:
+            message = f"names {ref} as a {' or '.join(kinds)}; it is a {report.kind}"
             self.add("missing-object", relpath, message, snapshot_id)
 
     def _check_frontier(self, relpath: str, snapshot_id: str, snapshot: Snapshot) -> None:
@@ -361,7 +400,7 @@ _decode_clean_snapshot = canonical_view(Snapshot)
 def _named_anyway(data: bytes) -> list[str]:
     """The ids a slot that is no Snapshot record still names, read as gc reads them."""
     try:
-        return list(named_ids(codec.decode_value(codec.unframe(data)[1])))
+        return list(references.named_by("snapshot", codec.unframe(data)[1]))
     except (CastoreError, ValueError):
         return []
 

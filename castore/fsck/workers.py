@@ -70,6 +70,7 @@ def check_tasks(
             stuck_after_ms=context.stuck_after_ms,
         )
         findings = tuple(check.run())
+        check.refs.update(objects.drain_reached())  # the parts of the trees it named
         own = {slot.snapshot_id for slot in check.slots}
         own.update(check.clean_ids)
         new = [r for r in islice(objects.reports.values(), reported, None) if r is not None]
@@ -85,7 +86,7 @@ def check_tasks(
             frozenset(check.refs - own),
             tuple(r.object_id for r in new if not r.findings),
             tuple(attrs.evolve(r, record=None) for r in new if r.findings),
-            check.unreadable,
+            check.unreadable or objects.unreadable,
         )
 
 
