@@ -17,11 +17,12 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import cattrs
+import cattrs.gen
 
 from castore import limits
 from castore.errors import EncodingError, FormatVersionError, ObjectTooLargeError
 from castore.fastdecode import decode_canonical_value, too_deep
-from castore.records import EffectState, TransitionKind
+from castore.records import OMITTED_WHEN_NONE, EffectState, TransitionKind
 
 FORMAT_VERSION = 1
 SUPPORTED_VERSIONS = (1,)
@@ -87,6 +88,14 @@ def _sequence_hook(cls: Any) -> Callable[[object, Any], tuple[Any, ...]]:
 
 
 converter.register_structure_hook_factory(_is_sequence_type, _sequence_hook)
+
+# forget (v2): a v2-only field is left out when None, so a record using v1 fields only keeps
+# its v1 bytes and id (a missing field structures to its default, None).
+for _record, _names in OMITTED_WHEN_NONE.items():
+    _omit: dict[str, Any] = {name: cattrs.gen.override(omit_if_default=True) for name in _names}
+    converter.register_unstructure_hook(
+        _record, cattrs.gen.make_dict_unstructure_fn(_record, converter, **_omit)
+    )
 
 
 def _check(value: object, path: str) -> None:

@@ -33,6 +33,7 @@ import attrs
 import msgspec
 
 from castore.limits import MAX_DEPTH
+from castore.records import OMITTED_WHEN_NONE
 
 T = TypeVar("T")
 
@@ -71,7 +72,7 @@ def canonical_decoder(cls: type[T]) -> Callable[[bytes], T | None]:
     except KeyError:
         pass
     decoder = msgspec.json.Decoder(cls, float_hook=_plain_float)
-    encode = _ENCODER.encode
+    encode = _canonical_encoder(cls)
 
     def decode(body: bytes) -> T | None:
         if _LONG_DIGIT_RUN in body.translate(_DIGITS_AS_ZEROS):
@@ -85,6 +86,25 @@ def canonical_decoder(cls: type[T]) -> Callable[[bytes], T | None]:
 
     _DECODERS[cls] = decode
     return decode
+
+
+def _canonical_encoder(cls: type) -> Callable[[Any], bytes]:
+    """msgspec's sorted encoding of a `cls` record or view, less the v2 fields the canonical
+    encoding leaves out when None (codec). msgspec writes such a field as `"name":null,`
+    among the top-level keys; the first occurrence is that one, since every key sorted
+    before it holds no value with free-form keys, and a string cannot hold it unescaped."""
+    omitted = [b'"%s":null,' % name.encode() for name in OMITTED_WHEN_NONE.get(cls, ())]
+    encode = _ENCODER.encode
+    if not omitted:
+        return encode
+
+    def encode_omitting(record: Any) -> bytes:
+        data = encode(record)
+        for text in omitted:
+            data = data.replace(text, b"", 1)
+        return data
+
+    return encode_omitting
 
 
 def decode_canonical(body: bytes, cls: type[T]) -> T | None:
@@ -152,7 +172,7 @@ def canonical_view(cls: type[T]) -> Callable[[bytes], T | None]:
     decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(
         _view_of(cls), float_hook=_plain_float
     )
-    encode = _ENCODER.encode
+    encode = _canonical_encoder(cls)
     untyped = _any_fields(cls)  # attribute paths to the values typed Any
 
     def decode(body: bytes) -> T | None:

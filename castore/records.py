@@ -29,6 +29,7 @@ class TransitionKind(enum.StrEnum):
     EFFECT = "effect"  # an effect changed state
     RESOLVE = "resolve"  # a person decided an effect's outcome
     OVERRIDE = "override"  # a person accepted plan or environment drift
+    FORGET = "forget"  # v2: a person ended the task for good; nothing may follow it
 
 
 @attrs.frozen
@@ -123,6 +124,18 @@ class Transition:
 
 
 @attrs.frozen
+class Fork:
+    """v2: where a forked task's first snapshot came from. `id` is the source snapshot (for
+    the record: the source may since be forgotten); `outcomes` is the tree object holding the
+    outcomes the fork carries, the one part the fork needs and gc keeps."""
+
+    task: str
+    seq: int
+    id: str
+    outcomes: str
+
+
+@attrs.frozen
 class Snapshot:
     """One transition of a task; its object id is the blake3 of its framed bytes."""
 
@@ -136,6 +149,7 @@ class Snapshot:
     env: str | None
     time_ms: int
     writer: Writer
+    fork: Fork | None = None  # v2, seq 0 of a fork only; omitted from the encoding when None
 
     def effect(self, step_id: str) -> EffectRecord | None:
         """The open record of effect `step_id`, or None if it has none."""
@@ -143,6 +157,11 @@ class Snapshot:
             if record.step == step_id:
                 return record
         return None
+
+
+# v2 fields that are left out of a snapshot's encoding when None, so that a snapshot using
+# only v1 fields keeps its v1 bytes and id (codec, fastdecode).
+OMITTED_WHEN_NONE: dict[type, tuple[str, ...]] = {Snapshot: ("fork",)}
 
 
 @attrs.frozen

@@ -8,7 +8,7 @@ import os
 from collections.abc import Collection, Iterator
 from typing import Any
 
-from castore import codec, fsio, gate, resolution, status, storeinit
+from castore import codec, forget, fsio, gate, resolution, status, storeinit
 from castore.errors import (
     ConflictError,
     FormatVersionError,
@@ -22,6 +22,7 @@ from castore.errors import (
     UnsafeFileError,
     UsageError,
 )
+from castore.forget import Forgotten
 from castore.guard import DEFAULT_SNAPSHOT_BUDGET, refuse_secrets
 from castore.layout import Layout, decode_task_id
 from castore.objects import ObjectStore
@@ -50,6 +51,7 @@ from castore.verify import (
 )
 
 MARKER = storeinit.MARKER
+_MARK_NAME = "sealed"  # tasks/<enc>/sealed (sealmark.py, format v2)
 DEFAULT_LOCK_TIMEOUT = 10.0
 
 
@@ -210,12 +212,16 @@ class Store:
         head = initial_snapshot(task_id, plan, plan_digest(plan), settings)
         data = encode_snapshot(head, settings)
         plan_id = self.put_plan(plan)
+        if os.path.isdir(slots.directory):
+            # A forgotten task whose history gc reclaimed has no slot 0 to conflict on.
+            forget.refuse_forgotten(self.objects, slots)
         fsio.make_dir_durable(self.layout.task_dir(task_id))
         fsio.make_dir_durable(slots.directory)
         with self._locked(task_id, lock_timeout) as lock:
             try:
                 head_id = slots.commit(data, 0, "<none: new task>", (plan_id,))
             except ConflictError:
+                forget.refuse_forgotten(self.objects, slots)
                 raise TaskExistsError(task_id) from None
         chain = VerifiedChain(task_id, head, head_id, plan, plan_id, plan_id, {}, (head_id,))
         return Run(self.objects, slots, chain, settings, lock)
@@ -236,7 +242,7 @@ class Store:
         validate_plan(plan)
         plan_id = plan_digest(plan)
         with self._locked(task_id, lock_timeout) as lock:
-            chain = verify_chain(self.objects, slots, (plan_id, plan))
+            chain = self._verify_live(slots, (plan_id, plan))
             gate.check_plan(chain, plan, plan_id)
             gate.check_frontier(task_id, chain.head, chain.plan)
             gate.check_keys(task_id, chain.head)
@@ -296,7 +302,12 @@ class Store:
         does not verify is reported in `.error`, not raised). `verify=True` checks the whole
         chain first, as a resume does, and reports any damage in it the same way."""
         try:
-            if verify:
+            tombstone = (
+                forget.tombstone_head(self.objects, self._slots(task_id)) if verify else None
+            )
+            if tombstone is not None:
+                head = tombstone  # the history below a tombstone may be reclaimed (gc)
+            elif verify:
                 head = verified_head(self.verify(task_id))
             else:
                 head = verify_head(self.objects, self._slots(task_id))
@@ -311,10 +322,41 @@ class Store:
         if not slots.exists(0):
             raise TaskNotFoundError(task_id)  # before the lock, which would create files
         with self._locked(task_id, DEFAULT_LOCK_TIMEOUT) as lock:
-            chain = verify_chain(self.objects, slots)
+            chain = self._verify_live(slots)
         anchor: EnvSource = chain.head.env if keep_env else env
         settings = RunSettings(anchor, (), self._budget, self._clock)
         return Run(self.objects, slots, chain, settings, lock)
+
+    def forget(
+        self, task_id: str, *, who: str, why: str, force_in_flight: bool = False
+    ) -> Forgotten:
+        """End task `task_id` for good: commit its tombstone (who, why) at HEAD + 1. It is
+        never started or resumed again (TaskForgottenError) and its id is not reused; gc may
+        then reclaim its history. ForgetRefusedError while an effect is SUBMITTED or
+        UNRESOLVED, unless `force_in_flight` (its outcome then stays unknown for good)."""
+        settings = RunSettings(None, (), self._budget, self._clock)
+        return forget.forget(
+            self.objects,
+            self._slots(task_id),
+            settings,
+            who=who,
+            why=why,
+            force_in_flight=force_in_flight,
+        )
+
+    def _verify_live(
+        self, slots: TaskSlots, expected_plan: tuple[str, Plan] | None = None
+    ) -> VerifiedChain:
+        """The verified chain of a task that may still be worked on: TaskForgottenError if
+        it ends with a tombstone (whose history gc may have reclaimed, breaking the walk)."""
+        try:
+            chain = verify_chain(self.objects, slots, expected_plan)
+        except (IntegrityError, TaskNotFoundError):
+            forget.refuse_forgotten(self.objects, slots)
+            raise
+        if forget.is_tombstone(chain.head):
+            raise forget.forgotten_error(slots.task_id, chain.head)
+        return chain
 
     def verify(self, task_id: str) -> VerifiedChain:
         """Verify one task's chain without resuming it (read-only; ChainError if broken)."""
@@ -333,7 +375,10 @@ class Store:
                 task_id = decode_task_id(name)
             except UsageError:
                 continue  # not castore's: fsck reports it
-            if os.path.lexists(self.layout.slot_path(task_id, 0)):
+            # A forgotten task whose history gc reclaimed keeps its mark and tombstone only.
+            if os.path.lexists(self.layout.slot_path(task_id, 0)) or os.path.lexists(
+                os.path.join(self.layout.task_dir(task_id), _MARK_NAME)
+            ):
                 found.append(task_id)
         return sorted(found)
 
