@@ -97,12 +97,16 @@ def forget(
     who: str,
     why: str,
     force_in_flight: bool = False,
+    only_if_head: str | None = None,
 ) -> Forgotten:
-    """Commit the tombstone of `slots`' task at HEAD + 1 (see the module docstring)."""
+    """Commit the tombstone of `slots`' task at HEAD + 1 (see the module docstring). With
+    `only_if_head`, ConflictError instead if HEAD is not (or no longer) that snapshot."""
     who, why = _required(who, "who"), _required(why, "why")
     for attempt in range(_TRIES):
         verified = verify_head(objects, slots)  # TaskNotFoundError without slot 0
         head = verified.head
+        if only_if_head is not None and verified.head_id != only_if_head:
+            raise ConflictError(slots.task_id, only_if_head, verified.head_id, head.seq)
         if is_tombstone(head):
             transition = head.transition
             return Forgotten(

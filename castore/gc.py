@@ -32,7 +32,7 @@ from collections.abc import Iterator
 
 import attrs
 
-from castore import codec, crashpoints, fsio
+from castore import codec, crashpoints, fsio, retention
 from castore.digest import hash_bytes
 from castore.errors import CastoreError, StoreIOError, UsageError
 from castore.layout import (
@@ -62,6 +62,7 @@ class GcReport:
     kept_young: int = 0
     unreadable_tasks: list[str] = attrs.field(factory=list)
     restored: list[str] = attrs.field(factory=list)  # objects a crashed gc had left aside
+    forgotten: list[str] = attrs.field(factory=list)  # tasks retention forgot (retention.py)
 
 
 class _Slots:
@@ -255,13 +256,17 @@ def collect(
     grace_s: float = DEFAULT_GRACE_S,
     dry_run: bool = False,
     now: float | None = None,
+    forget_finished_after: float | None = None,
 ) -> GcReport:
-    """Remove what no chain names and is older than `grace_s` seconds."""
+    """Remove what no chain names and is older than `grace_s` seconds. With
+    `forget_finished_after` (seconds), first forget every finished task older than that."""
     if grace_s < 0:
         raise UsageError("the grace period cannot be negative")
-    root = Store.open(path).root
+    store = Store.open(path)
+    root = store.root
     try:
-        return _collect(root, grace_s, dry_run, now)
+        retired = _retire(store, forget_finished_after, now, dry_run)
+        report = _collect(root, grace_s, dry_run, now)
     except CastoreError:
         raise
     except OSError as exc:
@@ -272,6 +277,19 @@ def collect(
             exc,
             "objects gc had set aside were put back or are temp files the next gc puts back",
         ) from exc
+    report.forgotten = retired
+    return report
+
+
+def _retire(store: Store, after_s: float | None, now: float | None, dry_run: bool) -> list[str]:
+    """forget hook (retention.py): the tasks forgot for retention, before reachability is
+    read, so that this same gc can reclaim them."""
+    if after_s is None:
+        return []
+    now_ms = int((now if now is not None else time.time()) * 1000)
+    return [
+        r.task for r in retention.forget_finished(store, after_s, now_ms=now_ms, dry_run=dry_run)
+    ]
 
 
 def _collect(root: str, grace_s: float, dry_run: bool, now: float | None) -> GcReport:

@@ -328,12 +328,19 @@ class Store:
         return Run(self.objects, slots, chain, settings, lock)
 
     def forget(
-        self, task_id: str, *, who: str, why: str, force_in_flight: bool = False
+        self,
+        task_id: str,
+        *,
+        who: str,
+        why: str,
+        force_in_flight: bool = False,
+        only_if_head: str | None = None,
     ) -> Forgotten:
         """End task `task_id` for good: commit its tombstone (who, why) at HEAD + 1. It is
         never started or resumed again (TaskForgottenError) and its id is not reused; gc may
         then reclaim its history. ForgetRefusedError while an effect is SUBMITTED or
-        UNRESOLVED, unless `force_in_flight` (its outcome then stays unknown for good)."""
+        UNRESOLVED, unless `force_in_flight` (its outcome then stays unknown for good).
+        `only_if_head`: ConflictError unless HEAD is still that snapshot id."""
         settings = RunSettings(None, (), self._budget, self._clock)
         return forget.forget(
             self.objects,
@@ -342,6 +349,7 @@ class Store:
             who=who,
             why=why,
             force_in_flight=force_in_flight,
+            only_if_head=only_if_head,
         )
 
     def _verify_live(

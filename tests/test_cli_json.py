@@ -89,6 +89,7 @@ def test_gc_json(store: castore.Store, capsys: pytest.CaptureFixture[str], dry_r
         "removed": [f"objects/{stray[:2]}/{stray}"],
         "bytes_freed": size,
         "unreadable_tasks": [],
+        "forgotten": [],
     } == row
     assert True is (isinstance(kept_young, int) and kept_young >= 1)  # the young blob at least
     assert (dry_run, True) == (old.exists(), Path(store.objects.path(young)).exists())
