@@ -30,6 +30,8 @@ POINTS = (
     "effect.submitted",
     "effect.sent",
     "effect.confirmed",
+    "reclaim.marked",
+    "reclaim.pruned",
     "gc.slots_read",
     "gc.set_aside",
     "gc.reread",

@@ -15,7 +15,7 @@ import time
 
 import attrs
 
-from castore import fsio
+from castore import codec, fsio
 from castore.errors import (
     ChainError,
     ConflictError,
@@ -83,6 +83,13 @@ def refuse_forgotten(objects: ObjectStore, slots: TaskSlots) -> None:
         raise forgotten_error(slots.task_id, found.head)
 
 
+def as_v2(data: bytes) -> bytes:
+    """A framed snapshot under header version 2: it records what only a v2 reader knows (a
+    tombstone, a fork), so a v1 reader must refuse it as a version, not call it corrupt."""
+    kind, body = codec.unframe(data)
+    return codec.frame(kind, body, version=2)
+
+
 def _required(text: str, what: str) -> str:
     if not isinstance(text, str) or not text.strip():
         raise UsageError(f"forget needs {what}: say who forgets the task and why, for the audit")
@@ -133,7 +140,7 @@ def forget(
             writer=Writer(socket.gethostname(), os.getpid(), secrets.token_hex(8)),
             fork=None,  # only a fork's first snapshot says where it came from
         )
-        data = encode_snapshot(tombstone, settings)
+        data = as_v2(encode_snapshot(tombstone, settings))
         # HEAD may be a link its writer never synced: the tombstone must not outlive it.
         fsio.fsync_dir(slots.directory)
         try:

@@ -32,18 +32,21 @@ from collections.abc import Iterator
 
 import attrs
 
-from castore import codec, crashpoints, fsio, retention
+from castore import codec, crashpoints, fsio, reclaim, retention
 from castore.digest import hash_bytes
 from castore.errors import CastoreError, StoreIOError, UsageError
+from castore.fork import named_by_fork
 from castore.layout import (
     CHAIN_DIR,
     OBJECTS_DIR,
     TASKS_DIR,
+    Layout,
     is_object_name,
     parse_slot_name,
     parse_temp_name,
     temp_name,
 )
+from castore.objects import ObjectStore
 from castore.store import Store
 from castore.verify import named_ids
 
@@ -63,6 +66,7 @@ class GcReport:
     unreadable_tasks: list[str] = attrs.field(factory=list)
     restored: list[str] = attrs.field(factory=list)  # objects a crashed gc had left aside
     forgotten: list[str] = attrs.field(factory=list)  # tasks retention forgot (retention.py)
+    reclaimed: list[str] = attrs.field(factory=list)  # forgotten tasks pruned (reclaim.py)
 
 
 class _Slots:
@@ -73,6 +77,7 @@ class _Slots:
         self._root = root
         self._report = report
         self._seen: set[str] = set()
+        self._objects = ObjectStore(Layout(root))
 
     @property
     def unreadable(self) -> bool:
@@ -104,6 +109,8 @@ class _Slots:
                 self._seen.add(path)
                 self.referenced.add(hash_bytes(data))
                 self.referenced.update(named_ids(entry))
+                # forget hook: a fork's outcomes tree and what it names (fork.py)
+                self.referenced.update(named_by_fork(self._objects, entry))
 
     def _unreadable(self, task: str) -> None:
         if task not in self._report.unreadable_tasks:
@@ -266,6 +273,9 @@ def collect(
     root = store.root
     try:
         retired = _retire(store, forget_finished_after, now, dry_run)
+        # -- forget hook: a forgotten task's slots go first, so what only they named is
+        # unnamed when reachability is read below (reclaim.py) -------------------------
+        reclaimed = reclaim.reclaim_forgotten(store, dry_run=dry_run)
         report = _collect(root, grace_s, dry_run, now)
     except CastoreError:
         raise
@@ -277,7 +287,7 @@ def collect(
             exc,
             "objects gc had set aside were put back or are temp files the next gc puts back",
         ) from exc
-    report.forgotten = retired
+    report.forgotten, report.reclaimed = retired, reclaimed
     return report
 
 

@@ -8,7 +8,7 @@ import os
 from collections.abc import Collection, Iterator
 from typing import Any
 
-from castore import codec, forget, fsio, gate, resolution, status, storeinit
+from castore import codec, forget, fork, fsio, gate, resolution, status, storeinit
 from castore.errors import (
     ConflictError,
     FormatVersionError,
@@ -23,6 +23,7 @@ from castore.errors import (
     UsageError,
 )
 from castore.forget import Forgotten
+from castore.fork import Forked
 from castore.guard import DEFAULT_SNAPSHOT_BUDGET, refuse_secrets
 from castore.layout import Layout, decode_task_id
 from castore.objects import ObjectStore
@@ -242,7 +243,7 @@ class Store:
         validate_plan(plan)
         plan_id = plan_digest(plan)
         with self._locked(task_id, lock_timeout) as lock:
-            chain = self._verify_live(slots, (plan_id, plan))
+            chain = fork.with_carried(self.objects, self._verify_live(slots, (plan_id, plan)))
             gate.check_plan(chain, plan, plan_id)
             gate.check_frontier(task_id, chain.head, chain.plan)
             gate.check_keys(task_id, chain.head)
@@ -341,6 +342,7 @@ class Store:
         then reclaim its history. ForgetRefusedError while an effect is SUBMITTED or
         UNRESOLVED, unless `force_in_flight` (its outcome then stays unknown for good).
         `only_if_head`: ConflictError unless HEAD is still that snapshot id."""
+        self._require_v2("forget")
         settings = RunSettings(None, (), self._budget, self._clock)
         return forget.forget(
             self.objects,
@@ -351,6 +353,33 @@ class Store:
             force_in_flight=force_in_flight,
             only_if_head=only_if_head,
         )
+
+    def fork(
+        self,
+        source: str | tuple[str, int],
+        new_task: str,
+        *,
+        allow_fields: Collection[str] = (),
+    ) -> Forked:
+        """Start task `new_task` from snapshot `source` ("task@seq" or (task, seq)) of a
+        verified task: same plan, frontier and environment anchor, the outcomes it had
+        carried (resume returns them), open effects PLANNED again under new keys. ForkError
+        if an effect is SUBMITTED or UNRESOLVED there; TaskExistsError if `new_task` exists."""
+        self._require_v2("fork")
+        task_id, seq = fork.parse_ref(source) if isinstance(source, str) else source
+        new_slots = self._slots(new_task)
+        chain = verify_chain(self.objects, self._slots(task_id))
+        settings = RunSettings(None, allow_fields, self._budget, self._clock)
+        refuse_recorded_secrets(new_task, None, settings)
+        return fork.fork(self.objects, chain, seq, new_slots, settings)
+
+    def _require_v2(self, verb: str) -> None:
+        """A v1 store is written as v1 until it is upgraded: nothing v2-only goes into it."""
+        if self.format_version < 2:
+            raise UsageError(
+                f"{verb} writes format-2 records, and {self.root} is a format-1 store; run "
+                f"`castore upgrade {self.root}` first (every v1 reader then refuses the store)"
+            )
 
     def _verify_live(
         self, slots: TaskSlots, expected_plan: tuple[str, Plan] | None = None

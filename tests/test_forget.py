@@ -52,6 +52,8 @@ def test_forget_commits_a_tombstone_at_head_plus_one(store: castore.Store) -> No
     assert (2, tombstone_id, False) == (done.seq, done.id, done.already)
     assert TransitionKind.FORGET == tombstone.transition.kind
     assert ("ana", "customer left") == (tombstone.transition.who, tombstone.transition.why)
+    header = Path(store.objects.path(tombstone_id)).read_bytes().split(b"\n", 1)[0]
+    assert b"castore 2 snapshot" == header.rsplit(b" ", 1)[0]  # a v1 reader refuses it
     assert (parent_id, parent.frontier, parent.effects) == (
         tombstone.parent,
         tombstone.frontier,

@@ -37,6 +37,29 @@ def cmd_forget(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_fork(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    done = store.fork(args.source, args.new)
+    if args.json:
+        emit_json(
+            {
+                "task": done.task,
+                "snapshot": done.snapshot,
+                "outcomes": done.outcomes,
+                "source": done.source,
+                "seq": done.seq,
+                "carried": done.carried,
+            }
+        )
+        return EXIT_OK
+    print(
+        f"forked {done.source}@{done.seq} as task {done.task} ({done.snapshot[:12]}), "
+        f"carrying {done.carried} outcome(s); effects after the fork point run again in it, "
+        "under new keys"
+    )
+    return EXIT_OK
+
+
 def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     forget = verbs.add_parser(
         "forget", help="end a task for good (a tombstone; gc then reclaims its history)"
@@ -56,3 +79,14 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="print {task, seq, snapshot, time_ms, who, why, already}",
     )
     forget.set_defaults(handler=cmd_forget)
+    fork = verbs.add_parser(
+        "fork", help="start a new task from an earlier snapshot of another (TASK@SEQ NEW)"
+    )
+    fork.add_argument("source", metavar="TASK@SEQ", help="the snapshot to start from")
+    fork.add_argument("new", metavar="NEW", help="the new task's id (never used before)")
+    fork.add_argument(
+        "--json",
+        action="store_true",
+        help="print {task, snapshot, outcomes, source, seq, carried}",
+    )
+    fork.set_defaults(handler=cmd_fork)
