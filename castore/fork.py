@@ -146,10 +146,8 @@ def _fork_point(objects: ObjectStore, source: VerifiedChain, seq: int) -> tuple[
 
 def _replanned(task_id: str, plan_id: str, record: EffectRecord, now_ms: int) -> EffectRecord:
     """An open effect record of the source as the fork's PLANNED record: a new key."""
-    return EffectRecord(record.step, derive_key(task_id, plan_id, record.step), _PLANNED, now_ms)
-
-
-_PLANNED = EffectState.PLANNED
+    key = derive_key(task_id, plan_id, record.step)
+    return EffectRecord(record.step, key, EffectState.PLANNED, now_ms)
 
 
 def carried_outcomes(objects: ObjectStore, source: VerifiedChain, seq: int) -> dict[str, Outcome]:

@@ -11,6 +11,7 @@ from typing import Any
 from castore import codec, forget, fork, fsio, gate, resolution, status, storeinit
 from castore.errors import (
     ConflictError,
+    ForkError,
     FormatVersionError,
     IntegrityError,
     ObjectCorruptError,
@@ -373,7 +374,18 @@ class Store:
         self._require_v2("fork")
         task_id, seq = fork.parse_ref(source) if isinstance(source, str) else source
         new_slots = self._slots(new_task)
-        chain = verify_chain(self.objects, self._slots(task_id))
+        source_slots = self._slots(task_id)
+        try:
+            chain = verify_chain(self.objects, source_slots)
+        except (IntegrityError, TaskNotFoundError) as exc:
+            if forget.tombstone_head(self.objects, source_slots) is None:
+                raise
+            raise ForkError(
+                task_id,
+                seq,
+                "the task was forgotten and gc reclaimed its history",
+                "fork from a task that is still there (a fork of it carries what it had)",
+            ) from exc
         settings = RunSettings(None, allow_fields, self._budget, self._clock)
         refuse_recorded_secrets(new_task, None, settings)
         return fork.fork(self.objects, chain, seq, new_slots, settings)

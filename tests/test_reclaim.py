@@ -16,7 +16,7 @@ from test_gc_handshake import finish, spawn, wait_stopped
 
 import castore
 from castore import sealmark
-from castore.errors import TaskForgottenError
+from castore.errors import ForkError, TaskForgottenError
 from castore.gc import collect
 
 PLAN = castore.Plan.build("job", "a", "b", "c")
@@ -117,6 +117,11 @@ def test_a_live_fork_keeps_what_it_names_after_its_source_is_reclaimed(
     with store.resume("copy", PLAN) as run:
         assert ({"only": "t", "pad": "x" * 64}, 2) == (run.result("a"), run.result("b"))
         run.commit_step("c", 3)
+    with pytest.raises(ForkError, match="forgotten and gc reclaimed its history"):
+        store.fork("t@1", "another")
+    store.fork("copy@0", "another")  # what the fork carries, it carries on
+    with store.resume("another", PLAN) as run:
+        assert ({"only": "t", "pad": "x" * 64}, "c") == (run.result("a"), run.next_step)
 
 
 def forgotten_task_after_fork(store: castore.Store) -> tuple[str, int]:
