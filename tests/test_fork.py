@@ -12,7 +12,8 @@ from helpers import cli, flip_bit, rewrite
 
 import castore
 from castore.errors import ChainError, ForkError, TaskForgottenError
-from castore.records import EffectState
+from castore.fastdecode import decode_canonical
+from castore.records import EffectState, Snapshot
 
 PLAN = castore.Plan.build("job", "a", castore.effect("pay", "a"), "b", "c")
 PLAN_ID = castore.plan_id(PLAN)
@@ -155,3 +156,16 @@ def test_cli_fork_json(store: castore.Store, capsys: pytest.CaptureFixture[str])
     code, _, err = cli(capsys, "--store", str(store.root), "fork", "src@3", "copy")
     assert 7 == code
     assert "task 'copy' already exists" in err
+
+
+def test_a_snapshot_without_fork_keeps_its_v1_bytes_and_fast_path(store: castore.Store) -> None:
+    """`fork` is left out when None: a plain snapshot's body has no such key and still
+    decodes on the fast path; a fork's seq 0 has it and decodes to the same record."""
+    source(store)
+    forked = store.fork("src@1", "copy")
+    for object_id, has_fork in ((store.history("src")[0][0], False), (forked.snapshot, True)):
+        _, body = castore.codec.unframe(store.objects.read(object_id))
+        assert has_fork == (b'"fork"' in body)
+        fast = decode_canonical(body, Snapshot)
+        assert fast is not None
+        assert castore.codec.from_builtins(castore.codec.decode_value(body), Snapshot) == fast
