@@ -25,8 +25,8 @@ from castore.fastdecode import decode_canonical_value, too_deep
 from castore.records import OMITTED_WHEN_NONE, EffectState, TransitionKind
 
 FORMAT_VERSION = 1
-SUPPORTED_VERSIONS = (1, 2)
-KINDS = ("plan", "snapshot", "blob", "tree")
+SUPPORTED_VERSIONS = (1,)
+KINDS = ("plan", "snapshot", "blob")
 MAGIC = b"castore"
 MAX_HEADER = limits.MAX_HEADER
 MAX_DEPTH = limits.MAX_DEPTH
@@ -236,13 +236,13 @@ def decode_value_strict(data: bytes) -> Any:
     return value
 
 
-def frame(kind: str, body: bytes, version: int = FORMAT_VERSION) -> bytes:
+def frame(kind: str, body: bytes) -> bytes:
     """The bytes of an object: a one-line header naming format, kind and body length."""
     if kind not in KINDS:
         raise ValueError(f"unknown object kind {kind!r}")
     if len(body) > limits.MAX_BODY_SIZE:  # no reader would read it back
         raise ObjectTooLargeError(kind, len(body), limits.MAX_BODY_SIZE)
-    return b"%s %d %s %d\n" % (MAGIC, version, kind.encode(), len(body)) + body
+    return b"%s %d %s %d\n" % (MAGIC, FORMAT_VERSION, kind.encode(), len(body)) + body
 
 
 class FrameError(ValueError):

@@ -49,15 +49,11 @@ class TaskSlots:
 
     def head_seq(self) -> int | None:
         """The highest sequence number present, in O(log n) stat calls; None if no slot."""
-        from castore import sealmark  # SHIM
-
-        mark = sealmark.read(os.path.dirname(self.directory))
-        base = 0 if mark is None else mark.through + 1
-        if not self.exists(base):
+        if not self.exists(0):
             return None
-        low, high = base, base + 1  # invariant: slot `low` exists
+        low, high = 0, 1  # invariant: slot `low` exists
         while self.exists(high):
-            low, high = high, base + (high - base) * 2
+            low, high = high, high * 2
         while high - low > 1:  # invariant: `low` exists, `high` does not
             middle = (low + high) // 2
             if self.exists(middle):
@@ -74,12 +70,6 @@ class TaskSlots:
             if seq is not None:
                 found.append(seq)
         return sorted(found)
-
-    def prune(self, through: int) -> None:  # SHIM
-        for seq in self.present():
-            if seq <= through:
-                fsio.remove_if_present(self.path(seq))
-        fsio.fsync_dir(self.directory)
 
     def read(self, seq: int) -> bytes:
         return fsio.read_regular(self.path(seq))
@@ -102,12 +92,6 @@ class TaskSlots:
             fsio.fsync_dir(self.directory)
         except DurabilityError as exc:
             raise CommitUncertainError(self.path(seq), exc) from exc
-        from castore import sealmark  # SHIM
-
-        mark = sealmark.read(os.path.dirname(self.directory))
-        if mark is not None and seq <= mark.through:
-            fsio.remove_if_present(self.path(seq))
-            raise ConflictError(self.task_id, expected_parent, "<pruned>", seq)
         self._recheck(object_id, seq, data, held)
         crashpoints.reach("commit.done")
         return object_id

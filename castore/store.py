@@ -75,11 +75,6 @@ class Store:
         self._clock = clock
         self._check_marker()
 
-    @property
-    def format_version(self) -> int:  # SHIM
-        marker = codec.decode_value(fsio.read_regular(self.layout.marker))
-        return int(marker["version"])
-
     @classmethod
     def unmarked(cls, root: str | os.PathLike[str]) -> Store:
         """The store at `root` without its marker checked: for fsck to look at a store whose

@@ -17,7 +17,7 @@ from castore import codec, crashpoints, fsio
 from castore.errors import CastoreError, StoreIOError, UnsafeFileError
 from castore.layout import MARKER_NAME, OBJECTS_DIR, TASKS_DIR, Layout, parse_temp_name
 
-MARKER = {"format": "castore", "version": 2}  # SHIM
+MARKER = {"format": "castore", "version": codec.FORMAT_VERSION}
 MARKER_BYTES = codec.encode_value(MARKER) + b"\n"
 _FANOUT = re.compile(r"[0-9a-f]{2}")
 
