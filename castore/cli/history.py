@@ -38,12 +38,19 @@ class Slot:
 
 
 def read_slots(store: Store, task_id: str) -> list[Slot]:
-    """Every slot from the highest present down to 0, newest first, each checked alone
+    """Every slot from the highest present down to the lowest kept (0, or above the sealed
+    mark: what is below was sealed into packs and pruned), newest first, each checked alone
     (a gap is a slot whose problem is "missing")."""
     slots = TaskSlots(store.layout, store.objects, task_id)
+    try:
+        low = slots.lowest_kept()
+    except ChainError:
+        low = 0  # a damaged mark: every slot there is shown, as for a chain without one
     checked: list[Slot] = []
     for seq in slots.present():
-        after = checked[-1].seq + 1 if checked else 0
+        if seq < low:
+            continue  # a stray link below the mark (sealmark.py): not part of the chain
+        after = checked[-1].seq + 1 if checked else low
         if seq > after:
             # One entry per gap, however long: a stray slot name far beyond HEAD must not
             # make this walk count to it.
