@@ -46,7 +46,7 @@ def assert_reclaimed(store: castore.Store, task: str, tombstone_seq: int) -> Non
     """Only the tombstone's slot is left, the mark covers the rest, and the task stays
     forgotten and listed."""
     assert [tombstone_seq] == present(store, task)
-    mark = sealmark.read(task_dir(store, task))
+    mark = sealmark.read(task, task_dir(store, task))
     assert mark is not None
     assert (None, tombstone_seq - 1) == (mark.pack, mark.through)
     assert task in store.tasks()
@@ -142,7 +142,7 @@ def test_gc_killed_while_reclaiming_leaves_what_the_next_gc_completes(
     blob, seq = forgotten_task(store)
     with_crash = spawn_with_env(children, GC, str(store.root), crash=point)
     assert -9 == with_crash.wait(timeout=60)
-    mark = sealmark.read(task_dir(store, "t"))
+    mark = sealmark.read("t", task_dir(store, "t"))
     assert mark is not None
     assert seq - 1 == mark.through
     expected = [seq] if point == "reclaim.pruned" else list(range(seq + 1))
