@@ -46,7 +46,7 @@ from castore.records import (
     Writer,
 )
 from castore.refs import TaskSlots
-from castore.run import RunSettings, derive_key, encode_snapshot
+from castore.run import Run, RunSettings, derive_key, encode_snapshot
 from castore.verify import Outcome, VerifiedChain, decode_snapshot
 
 TREE_VERSION = 2  # the header version of a tree object (format v2)
@@ -74,13 +74,14 @@ def parse_ref(ref: str) -> tuple[str, int]:
 
 def fork(
     objects: ObjectStore,
-    source: VerifiedChain,
+    source: list[tuple[str, Snapshot]],
     seq: int,
     new_slots: TaskSlots,
     settings: RunSettings,
 ) -> Forked:
-    """Write task `new_slots.task_id` as a fork of the verified chain `source` at `seq`."""
-    snapshot_id, snapshot = _fork_point(objects, source, seq)
+    """Write task `new_slots.task_id` as a fork at `seq` of the source task whose verified
+    history (id, snapshot), newest first, is `source` (Store.history)."""
+    snapshot_id, snapshot = _fork_point(source, seq)
     outcomes = carried_outcomes(objects, source, seq)
     tree_id, result_refs = _put_outcomes(objects, outcomes)
     new_task = new_slots.task_id
@@ -96,7 +97,7 @@ def fork(
         env=snapshot.env,
         time_ms=now,
         writer=Writer(socket.gethostname(), os.getpid(), secrets.token_hex(8)),
-        fork=Fork(source.task, seq, snapshot_id, tree_id),
+        fork=Fork(snapshot.task, seq, snapshot_id, tree_id),
     )
     data = as_v2(encode_snapshot(start, settings))
     if os.path.isdir(new_slots.directory):
@@ -110,23 +111,22 @@ def fork(
     except ConflictError:
         refuse_forgotten(objects, new_slots)
         raise TaskExistsError(new_task) from None
-    return Forked(new_task, head_id, tree_id, source.task, seq, len(outcomes))
+    return Forked(new_task, head_id, tree_id, snapshot.task, seq, len(outcomes))
 
 
-def _fork_point(objects: ObjectStore, source: VerifiedChain, seq: int) -> tuple[str, Snapshot]:
-    head_seq = source.head.seq
-    if not 0 <= seq <= head_seq:
+def _fork_point(source: list[tuple[str, Snapshot]], seq: int) -> tuple[str, Snapshot]:
+    head = source[0][1]
+    if not 0 <= seq <= head.seq:
         raise ForkError(
-            source.task,
+            head.task,
             seq,
-            f"its HEAD is at sequence {head_seq}",
-            f"give a sequence from 0 to {head_seq} (`castore log {source.task}` lists them)",
+            f"its HEAD is at sequence {head.seq}",
+            f"give a sequence from 0 to {head.seq} (`castore log {head.task}` lists them)",
         )
-    snapshot_id = source.ids[head_seq - seq]
-    snapshot = decode_snapshot(objects.read(snapshot_id))
+    snapshot_id, snapshot = source[head.seq - seq]
     if is_tombstone(snapshot):
         raise ForkError(
-            source.task,
+            head.task,
             seq,
             "it is the task's tombstone",
             f"fork from an earlier sequence (0 to {seq - 1})",
@@ -134,7 +134,7 @@ def _fork_point(objects: ObjectStore, source: VerifiedChain, seq: int) -> tuple[
     for record in snapshot.effects:
         if record.state in (EffectState.SUBMITTED, EffectState.UNRESOLVED):
             raise ForkError(
-                source.task,
+                head.task,
                 seq,
                 f"effect {record.step!r} is {record.state.value} there (key {record.key}): "
                 "whether it happened is not known, so the fork could neither skip nor redo it",
@@ -150,16 +150,17 @@ def _replanned(task_id: str, plan_id: str, record: EffectRecord, now_ms: int) ->
     return EffectRecord(record.step, key, EffectState.PLANNED, now_ms)
 
 
-def carried_outcomes(objects: ObjectStore, source: VerifiedChain, seq: int) -> dict[str, Outcome]:
+def carried_outcomes(
+    objects: ObjectStore, source: list[tuple[str, Snapshot]], seq: int
+) -> dict[str, Outcome]:
     """Every step's newest outcome at `seq` of the source: its own snapshots 0..seq, and what
     its seq 0 carries if the source is itself a fork."""
     outcomes: dict[str, Outcome] = {}
-    snapshot: Snapshot | None = None
-    for object_id in source.ids[source.head.seq - seq :]:  # newest first
-        snapshot = decode_snapshot(objects.read(object_id))
+    for _, snapshot in source[source[0][1].seq - seq :]:  # newest first
         _record(outcomes, snapshot)
-    if snapshot is not None and snapshot.fork is not None:
-        for step, outcome in read_outcomes(objects, source.task, snapshot.fork).items():
+    root = source[-1][1]
+    if root.fork is not None:
+        for step, outcome in read_outcomes(objects, root.task, root.fork).items():
             outcomes.setdefault(step, outcome)
     return outcomes
 
@@ -222,14 +223,19 @@ def _outcomes_in(value: Any) -> Iterator[tuple[str, Outcome]]:
         yield step, Outcome(step, seq, result, result_ref, receipt)
 
 
-def with_carried(objects: ObjectStore, chain: VerifiedChain) -> VerifiedChain:
-    """`chain` with the outcomes its seq 0 carries, if the task is a fork (its own outcomes,
-    newer, win). Costs one read of seq 0 for a task that is not."""
-    first = decode_snapshot(objects.read(chain.ids[-1]))
-    if first.fork is None:
-        return chain
-    carried = read_outcomes(objects, chain.task, first.fork)
-    return attrs.evolve(chain, outcomes={**carried, **chain.outcomes})
+def carried_by(objects: ObjectStore, chain: VerifiedChain) -> dict[str, Outcome]:
+    """The outcomes the task's seq 0 carries if it is a fork (ChainError for a missing or
+    damaged tree), else {}. One read of seq 0 for any task."""
+    root = decode_snapshot(objects.read(chain.ids[-1]))  # the chain walk verified it
+    return {} if root.fork is None else read_outcomes(objects, chain.task, root.fork)
+
+
+def carry_into(run: Run, carried: dict[str, Outcome]) -> None:
+    """Give `run` the carried outcomes of the steps its own snapshots have not recorded
+    (theirs are newer)."""
+    for step, outcome in carried.items():
+        if not run.done(step):
+            run.record_outcome(outcome)
 
 
 def named_by_fork(objects: ObjectStore, entry: object) -> Iterator[str]:

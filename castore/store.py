@@ -248,7 +248,8 @@ class Store:
         validate_plan(plan)
         plan_id = plan_digest(plan)
         with self._locked(task_id, lock_timeout) as lock:
-            chain = fork.with_carried(self.objects, self._verify_live(slots, (plan_id, plan)))
+            chain = self._verify_live(slots, (plan_id, plan))
+            carried = fork.carried_by(self.objects, chain)  # a fork's outcomes, by their tree
             gate.check_plan(chain, plan, plan_id)
             gate.check_frontier(task_id, chain.head, chain.plan)
             gate.check_keys(task_id, chain.head)
@@ -256,6 +257,7 @@ class Store:
             if not deferred:
                 gate.check_environment(task_id, chain.head, settings.live_env())
         run = Run(self.objects, slots, chain, settings, lock)
+        fork.carry_into(run, carried)
         # An effect still in flight may explain a difference: it is settled first and the
         # environment compared after, before the next commit that is not about that effect.
         run.env_unverified = deferred
@@ -375,7 +377,7 @@ class Store:
         new_slots = self._slots(new_task)
         source_slots = self._slots(task_id)
         try:
-            chain = verify_chain(self.objects, source_slots)
+            history = self.history(task_id)
         except (IntegrityError, TaskNotFoundError) as exc:
             if forget.tombstone_head(self.objects, source_slots) is None:
                 raise
@@ -387,7 +389,7 @@ class Store:
             ) from exc
         settings = RunSettings(None, allow_fields, self._budget, self._clock)
         refuse_recorded_secrets(new_task, None, settings)
-        return fork.fork(self.objects, chain, seq, new_slots, settings)
+        return fork.fork(self.objects, history, seq, new_slots, settings)
 
     def _require_v2(self, verb: str) -> None:
         """A v1 store is written as v1 until it is upgraded: nothing v2-only goes into it."""
