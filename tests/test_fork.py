@@ -154,7 +154,7 @@ def test_cli_fork_json(store: castore.Store, capsys: pytest.CaptureFixture[str])
         k: row[k] for k in ("task", "source", "seq", "snapshot")
     }
     code, _, err = cli(capsys, "--store", str(store.root), "fork", "src@3", "copy")
-    assert 7 == code
+    assert 2 == code
     assert "task 'copy' already exists" in err
 
 
