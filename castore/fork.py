@@ -30,6 +30,8 @@ from castore.errors import (
     ChainError,
     ConflictError,
     ForkError,
+    FormatVersionError,
+    StoreIOError,
     TaskExistsError,
     UsageError,
 )
@@ -194,9 +196,9 @@ def read_outcomes(objects: ObjectStore, task_id: str, fork_field: Fork) -> dict[
     tree_id = fork_field.outcomes
     try:
         value = codec.decode_value(objects.get(validate_object_id(tree_id), "tree"))
+    except (FormatVersionError, StoreIOError):
+        raise  # not damage: a newer castore's object, or the system failed the read
     except (CastoreError, ValueError) as exc:
-        if isinstance(exc, ChainError):
-            raise
         raise ChainError(
             task_id, f"the outcomes tree {tree_id} of the fork: {exc}", object_id=tree_id
         ) from exc

@@ -103,14 +103,15 @@ class _Slots:
                 try:
                     data = fsio.read_regular(path)
                     entry = codec.decode_value(codec.unframe(data)[1])
+                    # forget hook: a fork's outcomes tree and what it names (fork.py)
+                    forked = list(named_by_fork(self._objects, entry))
                 except (CastoreError, OSError, ValueError):
                     self._unreadable(task)
                     break
                 self._seen.add(path)
                 self.referenced.add(hash_bytes(data))
                 self.referenced.update(named_ids(entry))
-                # forget hook: a fork's outcomes tree and what it names (fork.py)
-                self.referenced.update(named_by_fork(self._objects, entry))
+                self.referenced.update(forked)
 
     def _unreadable(self, task: str) -> None:
         if task not in self._report.unreadable_tasks:
