@@ -37,6 +37,8 @@ POINTS = (
     "seal.committed",
     "seal.mark_written",
     "seal.pruned",
+    "reclaim.marked",
+    "reclaim.pruned",
     "gc.slots_read",
     "gc.set_aside",
     "gc.reread",

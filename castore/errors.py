@@ -23,6 +23,9 @@
     │       └── OversizedFileError               larger than any file castore writes there
     ├── TaskNotFoundError (KeyError)
     ├── TaskExistsError
+    ├── TaskForgottenError                       the task was forgotten: its id is not reused
+    ├── ForgetRefusedError                       forget would drop an effect still in flight
+    ├── ForkError                                the snapshot to fork from cannot be forked
     ├── TaskBusyError (TimeoutError)             another local worker holds the task's lock
     ├── ConflictError                            lost the compare-and-swap on a task's HEAD
     ├── ResumeRefusedError                       the resumption gate said no
@@ -361,6 +364,49 @@ class TaskExistsError(CastoreError):
             f"task {task_id!r} already exists; resume it with `store.resume(...)` "
             "(or `store.open(...)`, which starts or resumes)"
         )
+
+
+class TaskForgottenError(CastoreError):
+    """The task ends with a tombstone (`castore forget`): it is never started or resumed
+    again, and its id is never reused."""
+
+    def __init__(self, task_id: str, when: str, who: str | None, why: str | None) -> None:
+        self.task = task_id
+        self.when = when
+        self.who = who
+        self.why = why
+        reason = f" ({why})" if why else ""
+        super().__init__(
+            f"task {task_id!r} was forgotten at {when} by {who}{reason}; a forgotten task is "
+            "never started or resumed again and its id is not reused: use a new task id "
+            "(`castore fork` starts one from an earlier snapshot of another task)"
+        )
+
+
+class ForgetRefusedError(CastoreError):
+    """forget was asked to end a task whose effect is in flight (SUBMITTED or UNRESOLVED)."""
+
+    def __init__(self, task_id: str, step: str, state: str, key: str | None) -> None:
+        self.task = task_id
+        self.step = step
+        self.state = state
+        self.key = key
+        super().__init__(
+            f"task {task_id!r}: effect {step!r} is {state} (key {key}), its outcome not "
+            "settled; forgetting the task would lose the only record of it. Settle it first "
+            f"(resume and reconcile, or `castore resolve {task_id} {step} ...`), or forget "
+            "it anyway with --force-in-flight (store.forget(..., force_in_flight=True))"
+        )
+
+
+class ForkError(CastoreError):
+    """The snapshot asked for cannot start a fork."""
+
+    def __init__(self, task_id: str, seq: int, reason: str, advice: str) -> None:
+        self.task = task_id
+        self.seq = seq
+        self.reason = reason
+        super().__init__(f"cannot fork task {task_id!r} at sequence {seq}: {reason}; {advice}")
 
 
 class TaskBusyError(CastoreError, TimeoutError):

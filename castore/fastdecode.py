@@ -176,6 +176,7 @@ def canonical_view(cls: type[T]) -> Callable[[bytes], T | None]:
         _view_of(cls), float_hook=_plain_float
     )
     encode = _ENCODER.encode
+    omitted = _omitted_members(cls)
     untyped = _any_fields(cls)  # attribute paths to the values typed Any
 
     def decode(body: bytes) -> T | None:
@@ -184,6 +185,9 @@ def canonical_view(cls: type[T]) -> Callable[[bytes], T | None]:
             again = encode(record)
         except _UNSURE:
             return None
+        for name, member in omitted:
+            if getattr(record, name) is None:  # as in canonical_decoder
+                again = again.replace(member, b"", 1)
         if again != body or _deeper_than_allowed(body, record):
             return None
         for path in untyped:

@@ -40,7 +40,7 @@ from collections.abc import Iterator
 
 import attrs
 
-from castore import codec, crashpoints, fsio, references
+from castore import codec, crashpoints, fsio, reclaim, references, retention
 from castore.digest import hash_bytes
 from castore.errors import CastoreError, StoreIOError, UsageError
 from castore.layout import (
@@ -72,6 +72,8 @@ class GcReport:
     restored: list[str] = attrs.field(factory=list)  # objects a crashed gc had left aside
     # Trees, packs (or objects in their place) whose names could not be read: id -> why.
     unreadable_objects: dict[str, str] = attrs.field(factory=dict)
+    forgotten: list[str] = attrs.field(factory=list)  # tasks retention forgot (retention.py)
+    reclaimed: list[str] = attrs.field(factory=list)  # forgotten tasks pruned (reclaim.py)
 
     @property
     def unreadable(self) -> bool:
@@ -306,13 +308,20 @@ def collect(
     grace_s: float = DEFAULT_GRACE_S,
     dry_run: bool = False,
     now: float | None = None,
+    forget_finished_after: float | None = None,
 ) -> GcReport:
-    """Remove what no chain names and is older than `grace_s` seconds."""
+    """Remove what no chain names and is older than `grace_s` seconds. With
+    `forget_finished_after` (seconds), first forget every finished task older than that."""
     if grace_s < 0:
         raise UsageError("the grace period cannot be negative")
-    root = Store.open(path).root
+    store = Store.open(path)
+    root = store.root
     try:
-        return _collect(root, grace_s, dry_run, now)
+        retired = _retire(store, forget_finished_after, now, dry_run)
+        # -- forget hook: a forgotten task's slots go first, so what only they named is
+        # unnamed when reachability is read below (reclaim.py) -------------------------
+        reclaimed = reclaim.reclaim_forgotten(store, dry_run=dry_run)
+        report = _collect(root, grace_s, dry_run, now)
     except CastoreError:
         raise
     except OSError as exc:
@@ -323,6 +332,19 @@ def collect(
             exc,
             "objects gc had set aside were put back or are temp files the next gc puts back",
         ) from exc
+    report.forgotten, report.reclaimed = retired, reclaimed
+    return report
+
+
+def _retire(store: Store, after_s: float | None, now: float | None, dry_run: bool) -> list[str]:
+    """forget hook (retention.py): the tasks forgot for retention, before reachability is
+    read, so that this same gc can reclaim them."""
+    if after_s is None:
+        return []
+    now_ms = int((now if now is not None else time.time()) * 1000)
+    return [
+        r.task for r in retention.forget_finished(store, after_s, now_ms=now_ms, dry_run=dry_run)
+    ]
 
 
 def _collect(root: str, grace_s: float, dry_run: bool, now: float | None) -> GcReport:

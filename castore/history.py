@@ -4,6 +4,7 @@ fsck (finding `illegal-transition`) and resume (`IllegalHistoryError`) judge eve
 chain with this one function. A snapshot can be hash-valid and still tell a history the
 protocol forbids (an effect back from SUBMITTED to PLANNED, a key swapped, a frontier moved
 back): resuming from it could send a side effect again, so both refuse the same things.
+Nothing follows a tombstone (a `forget` transition).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import attrs
 
 from castore.effects import ALLOWED
-from castore.records import EffectRecord, EffectState, Snapshot, TransitionKind
+from castore.records import EffectRecord, EffectState, Snapshot, Transition, TransitionKind
 
 _MOVES_AN_EFFECT = (TransitionKind.EFFECT, TransitionKind.RESOLVE)
 # What the service declared at the latest submission: only a SUBMITTED commit writes them.
@@ -22,9 +23,14 @@ _RECORD_FIELDS = tuple(field.name for field in attrs.fields(EffectRecord))
 def illegal_changes(parent: Snapshot, child: Snapshot) -> list[str]:
     """Every change from `parent` to `child` (its successor) that PROTOCOL.md does not
     allow, one message each; [] for a legal link. Also accepts fsck's snapshot views."""
+    if parent.transition.kind is TransitionKind.FORGET:
+        # A stale writer's commit after the tombstone would bring a forgotten task back.
+        return [f"sequence {child.seq} follows the tombstone at {parent.seq}: nothing follows it"]
     transition = child.transition
     moved = transition.step if transition.kind in _MOVES_AN_EFFECT else None
     problems = _frontier_changes(parent, child, moved)
+    if transition.kind is TransitionKind.FORGET:
+        problems += _tombstone_changes(transition)
     if moved is None and parent.effects == child.effects:
         return problems  # the common case: a plain step, no effect record changed
     before = {r.step: r for r in parent.effects}
@@ -43,6 +49,17 @@ def illegal_changes(parent: Snapshot, child: Snapshot) -> list[str]:
             f"{moved or transition.step}: a receipt on a transition that confirms nothing"
         )
     return problems
+
+
+def _tombstone_changes(transition: Transition) -> list[str]:
+    """A tombstone ends the task as HEAD left it: it names no step and moves no effect (the
+    frontier and effect records stay as they were, which the other checks see to)."""
+    named = [
+        name
+        for name in ("step", "result", "result_ref", "effect_from", "effect_to", "receipt")
+        if getattr(transition, name) is not None
+    ]
+    return [f"a forget transition records {', '.join(named)}"] if named else []
 
 
 def _unnamed(

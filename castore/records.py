@@ -31,10 +31,11 @@ class TransitionKind(enum.StrEnum):
     RESOLVE = "resolve"  # a person decided an effect's outcome
     OVERRIDE = "override"  # a person accepted plan or environment drift
     SEAL = "seal"  # v2: no step; carries a new `sealed` anchor (a finished task, an upgrade)
+    FORGET = "forget"  # v2: a person ended the task for good; nothing may follow it
 
 
 # Transition kinds a v1 reader does not know: a snapshot recording one is framed as version 2.
-V2_KINDS = frozenset({TransitionKind.SEAL})
+V2_KINDS = frozenset({TransitionKind.SEAL, TransitionKind.FORGET})
 # Field metadata: the field is left out of the encoding while it is None. v2 fields carry it,
 # so a snapshot that uses none of them keeps its v1 bytes (and id) exactly.
 OMIT_IF_NONE = "castore.omit_if_none"
@@ -141,6 +142,18 @@ class Sealed:
 
 
 @attrs.frozen
+class Fork:
+    """v2: where a forked task's first snapshot came from. `id` is the source snapshot (for
+    the record: the source may since be forgotten); `outcomes` is the tree object holding the
+    outcomes the fork carries, the one part the fork needs and gc keeps."""
+
+    task: str
+    seq: int
+    id: str
+    outcomes: str
+
+
+@attrs.frozen
 class Snapshot:
     """One transition of a task; its object id is the blake3 of its framed bytes."""
 
@@ -155,6 +168,8 @@ class Snapshot:
     time_ms: int
     writer: Writer
     sealed: Sealed | None = attrs.field(default=None, metadata={OMIT_IF_NONE: True})
+    # v2, seq 0 of a fork only; omitted from the encoding when None
+    fork: Fork | None = attrs.field(default=None, metadata={OMIT_IF_NONE: True})
 
     def effect(self, step_id: str) -> EffectRecord | None:
         """The open record of effect `step_id`, or None if it has none."""

@@ -9,6 +9,8 @@ import attrs
 from castore import codec
 from castore.effects import Action, NextAction, effect_action
 from castore.errors import CastoreError
+from castore.forget import when_text
+from castore.records import TransitionKind
 from castore.verify import VerifiedHead
 
 
@@ -40,6 +42,7 @@ class TaskStatus:
     next_action: str = ""
     reason: str = ""
     error: str | None = None
+    forgotten: bool = False  # HEAD is a tombstone (`castore forget`): the task has ended
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = codec.to_builtins(self)
@@ -73,6 +76,13 @@ def describe(verified: VerifiedHead, now_ms: int) -> TaskStatus:
         for record in head.effects
     )
     action = frontier_action(verified, now_ms)
+    transition = head.transition
+    if transition.kind is TransitionKind.FORGET:
+        when = when_text(head.time_ms)
+        action = NextAction(
+            Action.DONE, None, reason=f"forgotten at {when} by {transition.who}: {transition.why}"
+        )
+        effects = ()  # the task has ended: nothing is left to do about them (log shows them)
     return TaskStatus(
         task=verified.task,
         seq=head.seq,
@@ -84,6 +94,7 @@ def describe(verified: VerifiedHead, now_ms: int) -> TaskStatus:
         effects=effects,
         next_action=action.action.value,
         reason=action.reason,
+        forgotten=transition.kind is TransitionKind.FORGET,
     )
 
 

@@ -8,11 +8,12 @@ import os
 from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
-from castore import codec, fsio, gate, resolution, status, storeinit, trees
+from castore import codec, forget, fork, fsio, gate, resolution, status, storeinit, trees
 from castore.digest import hash_bytes
 from castore.errors import (
     ConflictError,
     EncodingError,
+    ForkError,
     FormatVersionError,
     IntegrityError,
     ObjectCorruptError,
@@ -24,6 +25,8 @@ from castore.errors import (
     UnsafeFileError,
     UsageError,
 )
+from castore.forget import Forgotten
+from castore.fork import Forked
 from castore.guard import DEFAULT_SNAPSHOT_BUDGET, refuse_secrets
 from castore.layout import CHAIN_DIR, MARK_NAME, Layout, decode_task_id, slot_name
 from castore.objects import ObjectStore
@@ -224,12 +227,16 @@ class Store:
         head = initial_snapshot(task_id, plan, plan_digest(plan), settings)
         data = encode_snapshot(head, settings)
         plan_id = self.put_plan(plan)
+        if os.path.isdir(slots.directory):
+            # A forgotten task whose history gc reclaimed has no slot 0 to conflict on.
+            forget.refuse_forgotten(self.objects, slots)
         fsio.make_dir_durable(self.layout.task_dir(task_id))
         fsio.make_dir_durable(slots.directory)
         with self._locked(task_id, lock_timeout) as lock:
             try:
                 head_id = slots.commit(data, 0, "<none: new task>", (plan_id,))
             except ConflictError:
+                forget.refuse_forgotten(self.objects, slots)
                 raise TaskExistsError(task_id) from None
         chain = VerifiedChain(
             task_id, head, head_id, plan, plan_id, plan_id, Outcomes(), 1, tail=(data,)
@@ -252,7 +259,9 @@ class Store:
         validate_plan(plan)
         plan_id = plan_digest(plan)
         with self._locked(task_id, lock_timeout) as lock:
-            chain = verify_chain(self.objects, slots, (plan_id, plan), keep_tail=self._sealing)
+            chain = self._verify_live(slots, (plan_id, plan), keep_tail=self._sealing)
+            # A fork's outcomes, by their tree (format 2 only: a v1 store holds no fork).
+            carried = fork.carried_by(self.objects, chain) if self._sealing else {}
             gate.check_plan(chain, plan, plan_id)
             gate.check_frontier(task_id, chain.head, chain.plan)
             gate.check_keys(task_id, chain.head)
@@ -260,6 +269,7 @@ class Store:
             if not deferred:
                 gate.check_environment(task_id, chain.head, settings.live_env())
         run = Run(self.objects, slots, chain, settings, lock)
+        fork.carry_into(run, carried)
         # An effect still in flight may explain a difference: it is settled first and the
         # environment compared after, before the next commit that is not about that effect.
         run.env_unverified = deferred
@@ -312,7 +322,12 @@ class Store:
         does not verify is reported in `.error`, not raised). `verify=True` checks the whole
         chain first, as a resume does, and reports any damage in it the same way."""
         try:
-            if verify:
+            tombstone = (
+                forget.tombstone_head(self.objects, self._slots(task_id)) if verify else None
+            )
+            if tombstone is not None:
+                head = tombstone  # the history below a tombstone may be reclaimed (gc)
+            elif verify:
                 head = verified_head(self.verify(task_id))
             else:
                 head = verify_head(self.objects, self._slots(task_id))
@@ -330,7 +345,7 @@ class Store:
         if not slots.started():
             raise TaskNotFoundError(task_id)  # before the lock, which would create files
         with self._locked(task_id, DEFAULT_LOCK_TIMEOUT) as lock:
-            chain = verify_chain(self.objects, slots, keep_tail=seal and self._sealing)
+            chain = self._verify_live(slots, keep_tail=seal and self._sealing)
         anchor: EnvSource = chain.head.env if keep_env else env
         every = self._seal_every if seal else None
         settings = RunSettings(anchor, (), self._budget, self._clock, every)
@@ -349,6 +364,91 @@ class Store:
     def _seal_every(self) -> int | None:
         """How often runs seal: format v2 only (a v1 store gets nothing v1 cannot read)."""
         return SEAL_EVERY if self._sealing else None
+
+    def forget(
+        self,
+        task_id: str,
+        *,
+        who: str,
+        why: str,
+        force_in_flight: bool = False,
+        only_if_head: str | None = None,
+    ) -> Forgotten:
+        """End task `task_id` for good: commit its tombstone (who, why) at HEAD + 1. It is
+        never started or resumed again (TaskForgottenError) and its id is not reused; gc may
+        then reclaim its history. ForgetRefusedError while an effect is SUBMITTED or
+        UNRESOLVED, unless `force_in_flight` (its outcome then stays unknown for good).
+        `only_if_head`: ConflictError unless HEAD is still that snapshot id."""
+        self._require_v2("forget")
+        settings = RunSettings(None, (), self._budget, self._clock)
+        return forget.forget(
+            self.objects,
+            self._slots(task_id),
+            settings,
+            who=who,
+            why=why,
+            force_in_flight=force_in_flight,
+            only_if_head=only_if_head,
+        )
+
+    def fork(
+        self,
+        source: str | tuple[str, int],
+        new_task: str,
+        *,
+        allow_fields: Collection[str] = (),
+    ) -> Forked:
+        """Start task `new_task` from snapshot `source` ("task@seq" or (task, seq)) of a
+        verified task: same plan, frontier and environment anchor, the outcomes it had
+        carried (resume returns them), open effects PLANNED again under new keys. ForkError
+        if an effect is SUBMITTED or UNRESOLVED there; TaskExistsError if `new_task` exists."""
+        self._require_v2("fork")
+        task_id, seq = fork.parse_ref(source) if isinstance(source, str) else source
+        new_slots = self._slots(new_task)
+        source_slots = self._slots(task_id)
+        try:
+            history = self.history(task_id)
+        except (IntegrityError, TaskNotFoundError) as exc:
+            if forget.tombstone_head(self.objects, source_slots) is None:
+                raise
+            raise ForkError(
+                task_id,
+                seq,
+                "the task was forgotten and gc reclaimed its history",
+                "fork from a task that is still there (a fork of it carries what it had)",
+            ) from exc
+        settings = RunSettings(None, allow_fields, self._budget, self._clock)
+        refuse_recorded_secrets(new_task, None, settings)
+        return fork.fork(self.objects, history, seq, new_slots, settings)
+
+    def _require_v2(self, verb: str) -> None:
+        """A v1 store is written as v1 until it is upgraded: nothing v2-only (a raw or tree
+        object, a tombstone, a fork) goes into it, so every reader of it still reads it all."""
+        if self.format_version < 2:
+            raise UsageError(
+                f"{verb} writes format-2 records, and {self.root} is a "
+                f"format-{self.format_version} store; run `castore upgrade {self.root}` first "
+                "(a castore that reads only format 1 then refuses the store)"
+            )
+
+    def _verify_live(
+        self,
+        slots: TaskSlots,
+        expected_plan: tuple[str, Plan] | None = None,
+        *,
+        keep_tail: bool = False,
+    ) -> VerifiedChain:
+        """The verified chain of a task that may still be worked on: TaskForgottenError if
+        it ends with a tombstone (whose history gc may have reclaimed, breaking the walk).
+        `keep_tail`: keep the tail's bytes, for a run that seals."""
+        try:
+            chain = verify_chain(self.objects, slots, expected_plan, keep_tail=keep_tail)
+        except (IntegrityError, TaskNotFoundError):
+            forget.refuse_forgotten(self.objects, slots)
+            raise
+        if forget.is_tombstone(chain.head):
+            raise forget.forgotten_error(slots.task_id, chain.head)
+        return chain
 
     def verify(self, task_id: str) -> VerifiedChain:
         """Verify one task's chain without resuming it (read-only; ChainError if broken)."""
@@ -469,15 +569,6 @@ class Store:
             return trees.decode_tree(body)
         except ValueError as exc:  # hash-valid but not a tree castore writes
             raise ObjectCorruptError(tree_id, self.objects.path(tree_id), str(exc)) from exc
-
-    def _require_v2(self, what: str) -> None:
-        """Raw and tree objects are format 2: a v1 store gets none until it is upgraded, so
-        that every reader of it (a castore of format 1 too) still reads all it holds."""
-        if self.format_version < trees.VERSION:
-            raise UsageError(
-                f"{what}: {self.root} is a format-{self.format_version} store, and raw and tree "
-                f"objects are format {trees.VERSION}; run `castore upgrade {self.root}` first"
-            )
 
     def _tree_height(self, tree_id: str) -> int:
         """How many trees deep a stored tree nests (memoised: an id's height never changes)."""

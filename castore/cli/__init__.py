@@ -26,21 +26,25 @@ STORE_ENV = "CASTORE_STORE"
 EXIT_OK = 0
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a tool killed by it
 EXIT_FINDINGS = 1  # fsck found errors; doctor found the filesystem unsafe
-EXIT_USAGE = 2  # bad arguments, not a store, unknown format version
+EXIT_USAGE = 2  # bad arguments, not a store, unknown format version, a task id taken
 EXIT_INTEGRITY = 3  # a corrupt or missing object, a broken chain
 EXIT_CONFLICT = 4  # another writer advanced the task first
-EXIT_REFUSED = 5  # the resumption gate refused (drift, keyless effect, bad frontier)
+EXIT_REFUSED = 5  # refused: the resumption gate (drift, keyless effect, ...), a forgotten task
 EXIT_UNKNOWN_OUTCOME = 6  # an effect's outcome is unknown: a person must resolve it
 EXIT_FAILURE = 7  # any other castore error (I/O, durability)
 
 _EXIT_BY_ERROR: tuple[tuple[type[BaseException], int], ...] = (
     (errors.ChainError, EXIT_INTEGRITY),
     (errors.ResumeRefusedError, EXIT_REFUSED),
+    (errors.TaskForgottenError, EXIT_REFUSED),
+    (errors.ForgetRefusedError, EXIT_REFUSED),
+    (errors.ForkError, EXIT_REFUSED),
     (errors.UsageError, EXIT_USAGE),
     (errors.StoreNotFoundError, EXIT_USAGE),
     (errors.StoreExistsError, EXIT_USAGE),
     (errors.FormatVersionError, EXIT_USAGE),
     (errors.TaskNotFoundError, EXIT_USAGE),
+    (errors.TaskExistsError, EXIT_USAGE),
     (errors.IntegrityError, EXIT_INTEGRITY),
     (errors.ConflictError, EXIT_CONFLICT),
     (errors.OutcomeUnknownError, EXIT_UNKNOWN_OUTCOME),

@@ -19,8 +19,10 @@ from castore.cli import (
     positive_int,
 )
 from castore.errors import ChainError, UsageError
+from castore.forget import tombstone_head
 from castore.layout import display_name, validate_object_id
 from castore.records import Snapshot
+from castore.refs import TaskSlots
 from castore.store import Store
 
 
@@ -59,8 +61,16 @@ def cmd_log(args: argparse.Namespace) -> int:
         ]
         broken = None
     except ChainError as exc:
+        reclaimed = _reclaimed(store, args.task)
         # Resuming refuses the whole chain; a person looking at it sees every intact slot.
-        slots, broken = history.read_slots(store, args.task), exc
+        slots, broken = reclaimed or history.read_slots(store, args.task), exc
+        if reclaimed:
+            broken = None  # a forgotten task's history below its tombstone is gc's to remove
+            print(
+                f"castore: note: task {display_name(args.task)} was forgotten; gc reclaimed "
+                "its history below the tombstone",
+                file=sys.stderr,
+            )
     for slot in slots[: args.count]:
         if args.json:
             emit_json(_slot_json(slot))
@@ -72,6 +82,20 @@ def cmd_log(args: argparse.Namespace) -> int:
         return EXIT_OK
     print(f"castore: error: {history.chain_note(args.task, broken)}", file=sys.stderr)
     return EXIT_INTEGRITY
+
+
+def _reclaimed(store: Store, task_id: str) -> list[history.Slot]:
+    """The tombstone alone, as log shows a forgotten task whose history gc reclaimed (or
+    [] if the task's HEAD is no tombstone, or its older slots are still there to show)."""
+    slots = TaskSlots(store.layout, store.objects, task_id)
+    try:
+        found = tombstone_head(store.objects, slots)
+    except ChainError:
+        return []
+    if found is None or slots.exists(0):
+        return []
+    seq = found.head.seq
+    return [history.Slot(seq, slots.path(seq), found.head_id, found.head)]
 
 
 def _slot_json(slot: history.Slot) -> dict[str, Any]:

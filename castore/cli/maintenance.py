@@ -84,7 +84,12 @@ def finding_line(finding: Finding) -> str:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    report = collect(store_path(args), grace_s=args.grace, dry_run=args.dry_run)
+    report = collect(
+        store_path(args),
+        grace_s=args.grace,
+        dry_run=args.dry_run,
+        forget_finished_after=args.forget_finished_after,
+    )
     status = EXIT_OK if not report.unreadable else EXIT_USAGE
     if args.json:
         emit_json(
@@ -95,9 +100,13 @@ def cmd_gc(args: argparse.Namespace) -> int:
                 "kept_young": report.kept_young,
                 "unreadable_tasks": report.unreadable_tasks,
                 "unreadable_objects": report.unreadable_objects,
+                "forgotten": report.forgotten,
             }
         )
         return status
+    forgot = "would forget" if args.dry_run else "forgot"
+    for task in report.forgotten:
+        print(f"{forgot} task {display_name(task)} (finished, older than the retention period)")
     verb = "would remove" if args.dry_run else "removed"
     for relpath in report.removed:
         print(f"{verb} {relpath}")
@@ -154,6 +163,13 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     gc.add_argument(
         "--dry-run", action="store_true", help="say what would be removed, remove nothing"
+    )
+    gc.add_argument(
+        "--forget-finished-after",
+        type=parse_duration,
+        default=None,
+        metavar="DURATION",
+        help="first forget every task finished longer ago than this, as in 30d (default: off)",
     )
     gc.add_argument("--json", action="store_true", help="print one object: what was removed")
     gc.set_defaults(handler=cmd_gc)

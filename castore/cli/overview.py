@@ -29,6 +29,8 @@ def _age(seconds: float) -> str:
 def _status_line(status: TaskStatus) -> str:
     if status.error:
         return f"{status.task}  BROKEN: {display_name(status.error)}"
+    if status.forgotten:  # who and why are a person's text: one line, whatever they hold
+        return f"{status.task}  seq {status.seq}  {display_name(status.reason)}"
     step = "finished" if status.finished else f"at {status.step}"
     head = f"{status.task}  seq {status.seq}  {step}  next: {status.next_action}"
     lines = [head]

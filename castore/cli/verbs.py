@@ -5,7 +5,17 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from castore.cli import create, decide, demo, doctor, inspect, maintenance, overview, watch
+from castore.cli import (
+    create,
+    decide,
+    demo,
+    doctor,
+    ending,
+    inspect,
+    maintenance,
+    overview,
+    watch,
+)
 
 Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
@@ -14,6 +24,7 @@ REGISTRARS: list[Registrar] = [
     overview.register,
     inspect.register,
     decide.register,
+    ending.register,
     maintenance.register,
     watch.register,
     doctor.register,
