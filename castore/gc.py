@@ -133,6 +133,13 @@ class Reachable:
                 self.referenced.add(hash_bytes(data))
         references.walk(roots, self._load, self._loaded, self._walk)
         self._report.unreadable_objects.update(self._walk.unreadable)
+        # A named tree or pack that is missing might have named anything: keep everything
+        # for the rest of this run, as for an unreadable chain (a writer that finds it gone
+        # after its link stores it again, refs.py; a damaged store keeps it all until fsck).
+        for object_id in self._walk.missing:
+            self._report.unreadable_objects.setdefault(
+                object_id, "named by a chain, but missing: what it names is unknown"
+            )
 
     def _load(self, object_id: str) -> references.Loaded:
         """What a followed id names (a set-aside object is read under its temp name)."""

@@ -126,13 +126,14 @@ def test_a_live_fork_keeps_what_it_names_after_its_source_is_reclaimed(
 
 def test_gc_keeps_everything_when_a_forks_tree_cannot_be_read(store: castore.Store) -> None:
     """A fork whose outcomes tree is missing might name anything: gc removes no object and
-    reports the task unreadable, as for any chain it cannot read."""
+    reports the tree as unreadable, as for any chain it cannot read."""
     blob, _ = forgotten_task_after_fork(store)
     tree = store.history("copy")[0][1].fork
     assert tree is not None
     os.unlink(store.objects.path(tree.outcomes))
     report = collect(store.root, grace_s=0)
-    assert (["copy"], []) == (report.unreadable_tasks, report.removed)
+    assert ([], [tree.outcomes]) == (report.removed, list(report.unreadable_objects))
+    assert report.unreadable
     assert Path(store.objects.path(blob)).exists()
 
 
