@@ -27,6 +27,7 @@ from castore.errors import (
     TaskNotFoundError,
     UsageError,
 )
+from castore.forget import tombstone_head
 from castore.observer import TasksObserver
 from castore.store import Store
 from castore.verify import VerifiedHead, extend_head, verified_head
@@ -212,7 +213,9 @@ class Watcher:
             # Store._slots refuses a task or chain directory that is a symlink, as verify does.
             return extend_head(self._store.objects, self._store._slots(task), known)
         except IntegrityError:
-            return verified_head(self._store.verify(task))
+            # forget hook: the history below a tombstone may be reclaimed (reclaim.py)
+            forgotten = tombstone_head(self._store.objects, self._store._slots(task))
+            return forgotten or verified_head(self._store.verify(task))
 
     def _without_head(self, task: str) -> Reading:
         """No slot 0: a task being created or removed, unless later slots exist (damage)."""

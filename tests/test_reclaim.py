@@ -13,11 +13,13 @@ from pathlib import Path
 import pytest
 from helpers import cli
 from test_gc_handshake import finish, spawn, wait_stopped
+from test_watch import Alerts
 
 import castore
 from castore import sealmark
 from castore.errors import ForkError, TaskForgottenError
 from castore.gc import collect
+from castore.watch import Watcher
 
 PLAN = castore.Plan.build("job", "a", "b", "c")
 GC = "import sys, castore.gc; castore.gc.collect(sys.argv[1], grace_s=0)"
@@ -87,6 +89,18 @@ def test_log_of_a_reclaimed_task_shows_its_tombstone(
     assert 1 == len(out.splitlines())
     assert "forget by ana why: end" in out
     assert "gc reclaimed its history below the tombstone" in err
+
+
+def test_watch_raises_no_chain_alert_for_a_reclaimed_task(store: castore.Store) -> None:
+    """`castore watch` takes a reclaimed task's tombstone for its HEAD, not for a broken
+    chain: no alert, on the first read or the next."""
+    forgotten_task(store)
+    collect(store.root, grace_s=0)
+    alerts = Alerts()
+    watcher = Watcher(store.root, alerts)
+    watcher.check_now()
+    watcher.check_now()
+    assert [] == [(a.kind, a.task) for a in alerts.all]
 
 
 def test_a_v1_store_is_never_reclaimed(store: castore.Store) -> None:
