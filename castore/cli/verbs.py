@@ -5,7 +5,17 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from castore.cli import create, decide, demo, doctor, inspect, maintenance, overview, watch
+from castore.cli import (
+    create,
+    decide,
+    demo,
+    doctor,
+    inspect,
+    maintenance,
+    overview,
+    upgrade,
+    watch,
+)
 
 Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
@@ -15,6 +25,7 @@ REGISTRARS: list[Registrar] = [
     inspect.register,
     decide.register,
     maintenance.register,
+    upgrade.register,
     watch.register,
     doctor.register,
     demo.register,
