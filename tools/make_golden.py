@@ -91,6 +91,7 @@ def init_store(root: Path, version: int) -> None:
 
 
 # -- the scenarios of the clean store ----------------------------------------------------------
+SEALED_STEPS = 40  # far below SEAL_EVERY: only the explicit seal below seals it (deterministic)
 ONE_SHOT = castore.Service("mailer")  # neither idempotent nor reconcilable: a kill -> UNRESOLVED
 BILLING = castore.Service("billing", idempotent=True, retention=86_400)
 
@@ -99,10 +100,17 @@ class Interrupted(Exception):
     """Raised inside an effect's body: the request went out, no answer came back."""
 
 
-def plans() -> dict[str, castore.Plan]:
+def plans(version: int = 1) -> dict[str, castore.Plan]:
     """The plan each task of the clean store ends with (the overridden one: its new plan)."""
     charge = castore.effect("charge", "prepare")
+    v2 = {
+        "raw-and-tree": castore.Plan.build("parts", "dump", "assemble", "use"),
+        "sealed": castore.Plan.build("long", *[f"s{i}" for i in range(SEALED_STEPS)]),
+        "forked": castore.Plan.build("etl", "extract", "transform", "load", "verify", "publish"),
+        "forgotten": castore.Plan.build("gone", "a", "b"),
+    }
     return {
+        **(v2 if version >= 2 else {}),
         "finished": castore.Plan.build("report", "fetch", "parse", "summarize"),
         "mid-plan": castore.Plan.build("etl", "extract", "transform", "load", "verify", "publish"),
         "effect-planned": castore.Plan.build("pay", "prepare", charge),
@@ -156,6 +164,52 @@ def build_clean(root: Path, version: int) -> None:
     store.override("overridden", who="lead", why="ship needs an announcement", plan=p["overridden"])
     with store.start("tâche/1", p["tâche/1"]) as run:
         run.commit_step("un", "é")
+    if version >= 2:
+        build_v2_tasks(store, p)
+
+
+def v2_missing() -> list[str]:
+    """What this castore lacks to build the v2 set (empty once every v2 piece has landed)."""
+    wanted = [("Store.put_raw", hasattr(castore.Store, "put_raw"))]
+    wanted += [("Store.put_tree", hasattr(castore.Store, "put_tree"))]
+    wanted += [("Store.fork", hasattr(castore.Store, "fork"))]
+    wanted += [("Store.forget", hasattr(castore.Store, "forget"))]
+    wanted += [("castore.seal.seal_task", _seal_task() is not None)]
+    return [name for name, present in wanted if not present]
+
+
+def _seal_task() -> Callable[[castore.Store, str], object] | None:
+    try:
+        from castore import seal  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    found: Callable[[castore.Store, str], object] | None = getattr(seal, "seal_task", None)
+    return found
+
+
+def build_v2_tasks(store: Any, p: dict[str, castore.Plan]) -> None:
+    """The tasks only a v2 store can hold (docs/design V3-V5): raw and tree results, a sealed
+    history with a tail above its pack, a fork, a forgotten task."""
+    with store.start("raw-and-tree", p["raw-and-tree"]) as run:
+        raw = store.put_raw(bytes(range(256)) * 4)  # not valid UTF-8: raw, not a blob
+        run.commit_step("dump", raw)
+        blob = store.put_blob({"rows": list(range(20))})
+        tree = store.put_tree({"state": raw.raw, "rows": blob.blob}, data={"schema": 1})
+        run.commit_step("assemble", tree)
+    seal_task = _seal_task()
+    assert seal_task is not None
+    with store.start("sealed", p["sealed"]) as run:
+        for step in [s.id for s in p["sealed"].steps][:-3]:
+            run.commit_step(step, {"step": step})
+    seal_task(store, "sealed")
+    with store.resume("sealed", p["sealed"]) as run:
+        run.commit_step(run.next_step, "above the anchor")
+    store.fork("mid-plan@1", "forked")
+    with store.resume("forked", p["forked"]) as run:
+        run.commit_step(run.next_step, "forked on")
+    with store.start("forgotten", p["forgotten"]) as run:
+        run.commit_step("a", 1)
+    store.forget("forgotten")
 
 
 # -- the damaged variants (each a copy of the clean store, damaged by hand) -------------------
@@ -202,16 +256,28 @@ def corrupt_object(root: Path) -> None:
     _rewrite(path, bytes(data))
 
 
+def _with_slots(root: Path, *seqs: int, but: str = "") -> str:
+    """The first task of the clean store's order, other than `but`, whose slots `seqs` are all
+    there (finished, in a v1 store; a sealed v2 task may have pruned its low slots)."""
+    return next(
+        task
+        for task in plans(2)
+        if task != but
+        and os.path.isdir(Layout(root).chain_dir(task))
+        and all(_slot(root, task, seq).exists() for seq in seqs)
+    )
+
+
 def missing_middle_slot(root: Path) -> None:
     """Slot 1 of finished removed (its snapshot object stays)."""
-    _slot(root, "finished", 1).unlink()
+    _slot(root, _with_slots(root, 1, 2), 1).unlink()
 
 
 def foreign_snapshot(root: Path) -> None:
     """Slot 1 of mid-plan replaced by slot 1 of finished (another task's snapshot)."""
     target = _slot(root, "mid-plan", 1)
     target.unlink()
-    os.link(_slot(root, "finished", 1), target)
+    os.link(_slot(root, _with_slots(root, 1, but="mid-plan"), 1), target)
 
 
 def bad_marker_version(root: Path) -> None:
@@ -237,6 +303,41 @@ def future_object(root: Path) -> None:
     path.write_bytes(data)
     path.chmod(0o444)
     os.link(path, _slot(root, "effect-planned", seq + 1))
+
+
+def _objects_of_kind(root: Path, kind: bytes) -> list[Path]:
+    return sorted(
+        path
+        for path in (root / "objects").rglob("*")
+        if path.is_file() and path.read_bytes().split(b" ", 3)[2:3] == [kind]
+    )
+
+
+def truncated_pack(root: Path) -> None:
+    """The pack of sealed cut to half its bytes (v2)."""
+    pack = _objects_of_kind(root, b"pack")[0]
+    _rewrite(pack, pack.read_bytes()[: pack.stat().st_size // 2])
+
+
+def bad_mark(root: Path) -> None:
+    """The sealed mark of sealed replaced by bytes that do not parse (v2)."""
+    mark = Path(Layout(root).task_dir("sealed")) / "sealed"
+    _rewrite(mark, b'{"pack":')
+
+
+def missing_tree_part(root: Path) -> None:
+    """The raw object that the tree of raw-and-tree names removed (v2)."""
+    tree = _objects_of_kind(root, b"tree")[0]
+    body = tree.read_bytes().split(b"\n", 1)[1]
+    part = codec.decode_value(body)["refs"]["state"]
+    Path(castore.Store.open(root).objects.path(part)).unlink()
+
+
+DAMAGE_V2: dict[str, Callable[[Path], None]] = {
+    "damaged-truncated-pack": truncated_pack,
+    "damaged-bad-mark": bad_mark,
+    "damaged-missing-tree-part": missing_tree_part,
+}
 
 
 DAMAGE: dict[str, Callable[[Path], None]] = {
@@ -397,23 +498,29 @@ def build_set(out: Path, version: int) -> list[Path]:
     target = out / f"v{version}"
     if target.exists():
         raise SystemExit(f"{target} exists: a golden set is never regenerated (see README)")
+    missing = v2_missing() if version >= 2 else []
+    if missing:
+        raise SystemExit(
+            f"this castore cannot build the v{version} set yet: no {', '.join(missing)}"
+        )
+    damage = {**DAMAGE, **(DAMAGE_V2 if version >= 2 else {})}
     built = []
     os.umask(0o022)  # the modes of lock files and directories, as the manifest records them
     with tempfile.TemporaryDirectory() as work, fixed_writers():
         clean = Path(work) / "clean"
         build_clean(clean, version)
         stores = {"clean": clean}
-        for name, damage in DAMAGE.items():
+        for name, damage_it in damage.items():
             copy = Path(work) / name
             shutil.copytree(clean, copy, symlinks=True)  # hard links become copies: relinked
             _relink_like(clean, copy)
-            damage(copy)
+            damage_it(copy)
             stores[name] = copy
-        task_plans = plans()
+        task_plans = plans(version)
         for name, root in stores.items():
             expected = {
                 "format_version": version,
-                "what": (DAMAGE[name].__doc__ or "") if name in DAMAGE else build_clean.__doc__,
+                "what": (damage[name].__doc__ or "") if name in damage else build_clean.__doc__,
                 "plans": plans_json(task_plans),
                 "observed": observe(root, task_plans),
             }
