@@ -23,9 +23,14 @@ from castore.errors import EncodingError, FormatVersionError, ObjectTooLargeErro
 from castore.fastdecode import decode_canonical_value, too_deep
 from castore.records import EffectState, TransitionKind
 
-FORMAT_VERSION = 1
-SUPPORTED_VERSIONS = (1,)
-KINDS = ("plan", "snapshot", "blob")
+# The version a new store's marker names. An object's header names the lowest version whose
+# reader understands it (docs/FORMAT.md §18): records that use only v1 fields keep their v1
+# bytes, hence their ids, across an upgrade; a v1 reader refuses the rest as unknown, never corrupt.
+FORMAT_VERSION = 2
+SUPPORTED_VERSIONS = (1, 2)
+KINDS = ("plan", "snapshot", "blob", "raw", "tree", "pack")
+# Kinds a v1 reader does not know: their header always names version 2.
+V2_KINDS = frozenset({"raw", "tree", "pack"})
 MAGIC = b"castore"
 MAX_HEADER = limits.MAX_HEADER
 MAX_DEPTH = limits.MAX_DEPTH
@@ -227,13 +232,20 @@ def decode_value_strict(data: bytes) -> Any:
     return value
 
 
-def frame(kind: str, body: bytes) -> bytes:
-    """The bytes of an object: a one-line header naming format, kind and body length."""
+def frame(kind: str, body: bytes, version: int | None = None) -> bytes:
+    """The bytes of an object: a one-line header naming format version, kind and body length.
+
+    `version`: the lowest format version whose reader understands the body (2 when it uses a
+    v2-only field); None means the lowest the kind allows (1, or 2 for a v2-only kind)."""
     if kind not in KINDS:
         raise ValueError(f"unknown object kind {kind!r}")
+    lowest = 2 if kind in V2_KINDS else 1
+    version = lowest if version is None else version
+    if version not in SUPPORTED_VERSIONS or version < lowest:
+        raise ValueError(f"a {kind} object cannot be framed as format version {version}")
     if len(body) > limits.MAX_BODY_SIZE:  # no reader would read it back
         raise ObjectTooLargeError(kind, len(body), limits.MAX_BODY_SIZE)
-    return b"%s %d %s %d\n" % (MAGIC, FORMAT_VERSION, kind.encode(), len(body)) + body
+    return b"%s %d %s %d\n" % (MAGIC, version, kind.encode(), len(body)) + body
 
 
 class FrameError(ValueError):
@@ -245,28 +257,20 @@ class FrameError(ValueError):
         super().__init__(reason)
 
 
+def _header_pattern(kinds: tuple[str, ...]) -> bytes:
+    """Headers of intact objects of `kinds`: each v1 kind under either version, each v2-only
+    kind under version 2 alone (a v1 header on a pack is malformed, not an old pack)."""
+    v1 = [kind for kind in kinds if kind not in V2_KINDS]
+    versions = []
+    if v1:
+        versions.append(b"1 (?:%s)" % b"|".join(kind.encode() for kind in v1))
+    versions.append(b"2 (?:%s)" % b"|".join(kind.encode() for kind in kinds))
+    return b"%s (?:%s) (0|[1-9][0-9]{0,19})\n" % (MAGIC, b"|".join(versions))
+
+
 # The header of an intact object, matched in one step (the checks below name what is wrong).
-_WELL_FORMED_HEADER = re.compile(
-    b"%s (?:%s) (%s) (0|[1-9][0-9]{0,19})\n"
-    % (
-        MAGIC,
-        b"|".join(str(version).encode() for version in SUPPORTED_VERSIONS),
-        b"|".join(kind.encode() for kind in KINDS),
-    )
-)
-
-
-_INTACT_HEADERS = {
-    kind: re.compile(
-        b"%s (?:%s) %s (0|[1-9][0-9]{0,19})\n"
-        % (
-            MAGIC,
-            b"|".join(str(version).encode() for version in SUPPORTED_VERSIONS),
-            kind.encode(),
-        )
-    )
-    for kind in KINDS
-}
+_WELL_FORMED_HEADER = re.compile(_header_pattern(KINDS))
+_INTACT_HEADERS = {kind: re.compile(_header_pattern((kind,))) for kind in KINDS}
 
 
 def intact_body(data: bytes, kind: str) -> bytes | None:
@@ -281,8 +285,10 @@ def intact_body(data: bytes, kind: str) -> bytes | None:
 def unframe(data: bytes, where: str = "object") -> tuple[str, bytes]:
     """Split an object into (kind, body); FrameError or FormatVersionError if malformed."""
     header = _WELL_FORMED_HEADER.match(data)
-    if header is not None and len(data) - header.end() == int(header[2]):
-        return header[1].decode("ascii"), data[header.end() :]  # the one path of intact objects
+    if header is not None and len(data) - header.end() == int(header[1]):
+        # The one path of intact objects: the kind sits between the second and third space.
+        kind_end = data.index(b" ", len(MAGIC) + 3)
+        return data[len(MAGIC) + 3 : kind_end].decode("ascii"), data[header.end() :]
     newline = data.find(b"\n", 0, MAX_HEADER)
     if newline < 0:
         code = "empty" if not data else "bad-header"
@@ -301,6 +307,8 @@ def unframe(data: bytes, where: str = "object") -> tuple[str, bytes]:
     kind = parts[2].decode("ascii", "replace")
     if kind not in KINDS:
         raise FrameError(f"unknown object kind {kind!r}", "unknown-kind")
+    if kind in V2_KINDS and version < 2:
+        raise FrameError(f"a {kind} object under a version {version} header", "bad-header")
     body = data[newline + 1 :]
     declared = int(parts[3])
     if len(body) != declared:

@@ -436,3 +436,16 @@ def publish_file(directory: str, name: str, data: bytes, mode: int = OBJECT_MODE
         discard(temp)
     crashpoints.reach("object.published")
     return created
+
+
+def replace_file(directory: str, name: str, data: bytes, mode: int = OBJECT_MODE) -> None:
+    """Durably make `directory/name` hold `data`, replacing what it held in one step: readers
+    see the old bytes or the new, never a mix (rename over; the name itself is never followed)."""
+    temp = write_temp(directory, data, mode)
+    try:
+        with translated(temp, f"renaming over {os.path.join(directory, name)}:"):
+            os.replace(temp, os.path.join(directory, name))
+    except BaseException:
+        discard(temp)
+        raise
+    fsync_dir(directory)

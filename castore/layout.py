@@ -20,6 +20,7 @@ TASKS_DIR = "tasks"
 QUARANTINE_DIR = "quarantine"
 CHAIN_DIR = "chain"
 LOCK_NAME = "lock"
+MARK_NAME = "sealed"
 TMP_PREFIX = ".tmp-"
 
 SEQ_WIDTH = 16
@@ -232,3 +233,6 @@ class Layout:
 
     def lock_path(self, task_id: str) -> str:
         return os.path.join(self.task_dir(task_id), LOCK_NAME)
+
+    def mark_path(self, task_id: str) -> str:
+        return os.path.join(self.task_dir(task_id), MARK_NAME)

@@ -12,6 +12,10 @@ reads the slots again after, so an object gc removes was set aside before a slot
 see was linked, and the writer of that slot, looking after its link, finds the name gone and
 stores the object again from the bytes it holds. Whichever way the two interleave, and
 however long either pauses, an acknowledged commit's objects exist.
+
+A task whose history is sealed may have its oldest slots pruned (sealmark.py): HEAD lookup
+starts above the mark, and a commit reads the mark after its link, so a stale writer that
+linked into a pruned range takes its slot back and loses instead of being acknowledged.
 """
 
 from __future__ import annotations
@@ -20,11 +24,18 @@ import errno
 import os
 from collections.abc import Iterable
 
-from castore import crashpoints, fsio, layout
+from castore import crashpoints, fsio, layout, sealmark
 from castore.digest import hash_bytes
-from castore.errors import CommitUncertainError, ConflictError, DurabilityError, ObjectMissingError
+from castore.errors import (
+    ChainError,
+    CommitUncertainError,
+    ConflictError,
+    DurabilityError,
+    ObjectMissingError,
+)
 from castore.layout import Layout, parse_slot_name
 from castore.objects import ObjectStore
+from castore.sealmark import Mark
 
 # gc may remove a snapshot object between its publish and the link only if the writer
 # paused longer than the grace period; each try publishes it anew.
@@ -37,6 +48,7 @@ class TaskSlots:
     def __init__(self, layout: Layout, objects: ObjectStore, task_id: str) -> None:
         self.task_id = task_id
         self.directory = layout.chain_dir(task_id)
+        self.task_dir = os.path.dirname(self.directory)
         self._layout = layout
         self._objects = objects
 
@@ -47,13 +59,37 @@ class TaskSlots:
     def exists(self, seq: int) -> bool:
         return fsio.exists(self.path(seq))
 
+    def mark(self) -> Mark | None:
+        """The task's sealed mark (None without one); ChainError if it cannot be trusted."""
+        return sealmark.read(self.task_id, self.task_dir)
+
+    def lowest_kept(self) -> int:
+        """The lowest sequence number whose slot must exist: 0, or above the sealed mark."""
+        mark = self.mark()
+        return 0 if mark is None else mark.through + 1
+
+    def started(self) -> bool:
+        """True once the task has a first slot (even one pruned since, below a mark)."""
+        return self.exists(0) or self.mark() is not None
+
     def head_seq(self) -> int | None:
-        """The highest sequence number present, in O(log n) stat calls; None if no slot."""
-        if not self.exists(0):
-            return None
-        low, high = 0, 1  # invariant: slot `low` exists
+        """The highest sequence number present, in O(log n) stat calls above the sealed mark;
+        None if the task has no slot. ChainError if a mark says slots were pruned but the
+        slot above it is missing (HEAD is always above the mark, sealmark.py)."""
+        low = self.lowest_kept()
+        if not self.exists(low):
+            if low == 0:
+                return None
+            raise ChainError(
+                self.task_id,
+                f"its sealed mark says slots up to {low - 1} were pruned, but slot {low} "
+                "(the oldest that must be kept) is missing",
+                self.path(low),
+                seq=low,
+            )
+        base, high = low, low + 1  # invariant: slot `low` exists
         while self.exists(high):
-            low, high = high, high * 2
+            low, high = high, base + 2 * (high - base)
         while high - low > 1:  # invariant: `low` exists, `high` does not
             middle = (low + high) // 2
             if self.exists(middle):
@@ -74,6 +110,42 @@ class TaskSlots:
     def read(self, seq: int) -> bytes:
         return fsio.read_regular(self.path(seq))
 
+    def prune(self, through: int) -> int:
+        """Remove every slot up to `through`, and the snapshot object each is a name of (a
+        snapshot belongs to one task: nothing else names it). Only once the sealed mark says
+        `through` (the caller wrote it first): before that a stale writer's link into the
+        freed names would be acknowledged. Idempotent; returns how many slots it removed."""
+        mark = self.mark()
+        if mark is None or mark.through < through:
+            raise ValueError(f"slots up to {through} of {self.task_id!r} are not marked sealed")
+        removed = 0
+        for name in fsio.list_names(self.directory):
+            seq = parse_slot_name(name)
+            if seq is None or seq > through:
+                continue
+            path = os.path.join(self.directory, name)
+            self._remove_object_of(path)
+            fsio.remove_if_present(path)
+            removed += 1
+            crashpoints.reach("prune.slot_removed")
+        return removed
+
+    def _remove_object_of(self, slot: str) -> None:
+        """Unlink the object name of the snapshot `slot` holds, if it is the same file."""
+        try:
+            data = fsio.read_regular(slot)
+        except FileNotFoundError:
+            return
+        object_path = self._objects.path(hash_bytes(data))
+        try:
+            same = os.path.samestat(os.lstat(slot), os.lstat(object_path))
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise fsio.io_error(object_path, "looking up", exc) from exc
+        if same:
+            fsio.remove_if_present(object_path)
+
     def commit(
         self, data: bytes, seq: int, expected_parent: str, relies_on: Iterable[str] = ()
     ) -> str:
@@ -88,6 +160,7 @@ class TaskSlots:
         held = {object_id: self._objects.hold(object_id) for object_id in relies_on}
         object_id = self._link(data, seq, expected_parent)
         crashpoints.reach("commit.linked")
+        self._check_not_pruned(seq, expected_parent)
         try:
             fsio.fsync_dir(self.directory)
         except DurabilityError as exc:
@@ -116,6 +189,15 @@ class TaskSlots:
                     raise ConflictError(self.task_id, expected_parent, actual, seq)
             return object_id
         raise ObjectMissingError(hash_bytes(data), self._objects.path(hash_bytes(data)))
+
+    def _check_not_pruned(self, seq: int, expected_parent: str) -> None:
+        """After the link: a slot at or below the sealed mark was linked into a name pruning
+        freed, by a writer that paused since HEAD was there. It is not part of the chain:
+        take it back and lose (sealmark.py)."""
+        mark = self.mark()
+        if mark is not None and seq <= mark.through:
+            fsio.remove_if_present(self.path(seq))
+            raise ConflictError(self.task_id, expected_parent, "<pruned, sealed>", seq)
 
     def _recheck(self, object_id: str, seq: int, data: bytes, held: dict[str, bytes]) -> None:
         """After the link: every object this commit relies on still has its name (gc may have

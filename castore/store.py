@@ -81,6 +81,7 @@ class Store:
         store.objects = ObjectStore(store.layout)
         store._budget = DEFAULT_SNAPSHOT_BUDGET
         store._clock = wall_clock_ms
+        store.format_version = codec.FORMAT_VERSION  # never written to: nothing depends on it
         for directory in (store.layout.objects, store.layout.tasks):
             fsio.require_real_directory(directory)
         return store
@@ -149,10 +150,12 @@ class Store:
             raise StoreNotFoundError(self.root, f"{self.layout.marker} is not castore's") from None
         if not isinstance(marker, dict) or marker.get("format") != "castore":
             raise StoreNotFoundError(self.root, f"{self.layout.marker} is not castore's")
-        if marker.get("version") not in codec.SUPPORTED_VERSIONS:
-            raise FormatVersionError(
-                self.layout.marker, marker.get("version"), codec.SUPPORTED_VERSIONS
-            )
+        version = marker.get("version")
+        # type(): a JSON `true` equals 1 in Python, and is no version.
+        if type(version) is not int or version not in codec.SUPPORTED_VERSIONS:
+            raise FormatVersionError(self.layout.marker, version, codec.SUPPORTED_VERSIONS)
+        # A v1 store is read and written as v1 until `castore upgrade` (FORMAT.md §18).
+        self.format_version: int = version
 
     def _no_marker(self, empty: str) -> StoreNotFoundError:
         """What a directory without a (usable) marker is, and what to do about it."""
@@ -182,7 +185,8 @@ class Store:
                 f"{what}, but objects/ holds {objects} file(s) and tasks/ {tasks} task(s): "
                 "the marker was deleted or damaged",
                 "if this is a castore store, restore castore.json from a backup (its 33 bytes "
-                'are {"format":"castore","version":1} and a newline, docs/FORMAT.md §3), then '
+                'are {"format":"castore","version":2} and a newline, or 1 for a store older '
+                "than castore 0.2, docs/FORMAT.md §3), then "
                 f"run `castore fsck {root}`; `castore fsck` shows what is there meanwhile",
             )
         return StoreNotFoundError(
@@ -251,7 +255,7 @@ class Store:
 
     def open_task(self, task_id: str, plan: Plan, **options: Any) -> Run:
         """Start task `task_id`, or resume it if it exists: what a worker calls on (re)start."""
-        if self._slots(task_id).exists(0):
+        if self._slots(task_id).started():
             return self.resume(task_id, plan, **options)
         try:
             return self.start(task_id, plan, **options)
@@ -308,7 +312,7 @@ class Store:
         """A run for recording a person's decision: the chain must verify, the drift checks
         are what the decision is about, so they are not applied."""
         slots = self._slots(task_id)
-        if not slots.exists(0):
+        if not slots.started():
             raise TaskNotFoundError(task_id)  # before the lock, which would create files
         with self._locked(task_id, DEFAULT_LOCK_TIMEOUT) as lock:
             chain = verify_chain(self.objects, slots)
@@ -333,7 +337,10 @@ class Store:
                 task_id = decode_task_id(name)
             except UsageError:
                 continue  # not castore's: fsck reports it
-            if os.path.lexists(self.layout.slot_path(task_id, 0)):
+            # Slot 0 of a long task may be pruned: its sealed mark then says it started.
+            if os.path.lexists(self.layout.slot_path(task_id, 0)) or os.path.lexists(
+                self.layout.mark_path(task_id)
+            ):
                 found.append(task_id)
         return sorted(found)
 

@@ -248,10 +248,13 @@ def _read_head_slot(slots: TaskSlots) -> tuple[int, bytes]:
 
 
 def _check_contiguous(slots: TaskSlots, head_seq: int) -> None:
-    """Slots 0..HEAD, no gap, nothing beyond. HEAD lookup is a binary search that trusts this;
-    a deleted middle slot would otherwise roll HEAD back and let a second successor commit."""
-    present = slots.present()  # sorted
-    count, missing = missing_seqs(present, head_seq, shown=5)
+    """Slots from the lowest kept (0, or above the sealed mark) to HEAD, no gap, nothing
+    beyond. HEAD lookup is a binary search that trusts this; a deleted middle slot would
+    otherwise roll HEAD back and let a second successor commit."""
+    low = slots.lowest_kept()
+    present = [seq for seq in slots.present() if seq >= low]  # sorted
+    count, missing = missing_seqs([seq - low for seq in present], head_seq - low, shown=5)
+    missing = [seq + low for seq in missing]
     beyond = max(present, default=0) > head_seq + 1
     # A commit racing this walk may add slots past HEAD (a listing may even show head+2
     # before head+1); only a slot still missing below a present one is damage.
@@ -260,7 +263,8 @@ def _check_contiguous(slots: TaskSlots, head_seq: int) -> None:
     if count:
         raise ChainError(
             slots.task_id,
-            f"chain slots are not contiguous: {len(present)} slots up to {max(present)}, "
+            f"chain slots are not contiguous: {len(present)} slots up to "
+            f"{max(present, default=head_seq)}, "
             f"missing {missing}{'...' if count > 5 else ''}",
             slots.directory,
         )

@@ -59,6 +59,19 @@ def wait_for(condition: Callable[[], object], timeout: float = 20.0, what: str =
         time.sleep(0.002)  # a poll interval, not a wait for the event itself
 
 
+def wait_stopped(proc: subprocess.Popen[str], timeout: float = 30.0) -> None:
+    """Wait (on the condition, with a deadline) until `proc` stopped itself at a pause point
+    (CASTORE_PAUSE_AT); AssertionError if it ended instead."""
+
+    def stopped() -> bool:
+        pid, status = os.waitpid(proc.pid, os.WNOHANG | os.WUNTRACED)
+        if pid and not os.WIFSTOPPED(status):
+            raise AssertionError(f"pid {proc.pid} ended instead of pausing: {status}")
+        return bool(pid)
+
+    wait_for(stopped, timeout, f"pid {proc.pid} to pause")
+
+
 def read_line(proc: subprocess.Popen[str], timeout: float = 20.0) -> str:
     """The next line of a child's stdout, or AssertionError if none comes before the deadline."""
     assert proc.stdout is not None

@@ -12,8 +12,9 @@ import sys
 import threading
 from pathlib import Path
 
+import helpers
 import pytest
-from helpers import cli, wait_for
+from helpers import cli
 
 import castore
 from castore import crashpoints
@@ -61,15 +62,7 @@ def spawn(
 
 
 def wait_stopped(proc: subprocess.Popen[str]) -> None:
-    """Wait (on the condition, with a deadline) until `proc` stopped itself at its point."""
-
-    def stopped() -> bool:
-        pid, status = os.waitpid(proc.pid, os.WNOHANG | os.WUNTRACED)
-        if pid and not os.WIFSTOPPED(status):
-            raise AssertionError(f"pid {proc.pid} ended instead of pausing: {status}")
-        return bool(pid)
-
-    wait_for(stopped, DEADLINE, f"pid {proc.pid} to pause")
+    helpers.wait_stopped(proc, DEADLINE)
 
 
 def finish(proc: subprocess.Popen[str]) -> str:

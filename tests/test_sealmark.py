@@ -1,0 +1,184 @@
+"""The sealed mark: HEAD lookup above it, pruning below it, and the post-link check that keeps
+the commit point once pruned slot names are free again (docs/FORMAT.md §9.5)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import wait_stopped
+
+import castore
+from castore import sealmark
+from castore.errors import ChainError, ConflictError
+from castore.refs import TaskSlots
+from castore.sealmark import Mark
+
+TASK = "long"
+FAKE_PACK = "ab" * 32  # the mark is only read here; no pack is verified
+STEPS = 60
+PLAN = castore.Plan.build("p", *[f"s{i}" for i in range(STEPS)])
+
+
+def store_with(tmp_path: Path, commits: int) -> castore.Store:
+    store = castore.Store.init(tmp_path / "s")
+    with store.start(TASK, PLAN) as run:
+        for _ in range(commits):
+            run.commit_step(run.next_step, {"n": run.head.seq})
+    return store
+
+
+def slots_of(store: castore.Store) -> TaskSlots:
+    return TaskSlots(store.layout, store.objects, TASK)
+
+
+def mark_and_prune(store: castore.Store, through: int) -> int:
+    slots = slots_of(store)
+    sealmark.write(slots.task_dir, Mark(FAKE_PACK, through))
+    return slots.prune(through)
+
+
+def test_mark_round_trips_in_canonical_form(tmp_path: Path) -> None:
+    """A written mark reads back as itself, as one canonical JSON line."""
+    store = store_with(tmp_path, 3)
+    slots = slots_of(store)
+    sealmark.write(slots.task_dir, Mark(FAKE_PACK, 1))
+    assert Mark(FAKE_PACK, 1) == slots.mark()
+    raw = Path(store.layout.mark_path(TASK)).read_bytes()
+    assert b'{"pack":"' + FAKE_PACK.encode() + b'","through":1}\n' == raw
+
+
+def test_head_lookup_starts_above_the_mark_after_pruning(tmp_path: Path) -> None:
+    """Pruned slots below the mark leave HEAD where it was, and HEAD alone still verifies."""
+    store = store_with(tmp_path, 40)
+    assert 11 == mark_and_prune(store, 10)
+    slots = slots_of(store)
+    assert [] == [seq for seq in slots.present() if seq <= 10]
+    assert 40 == slots.head_seq()
+    assert slots.started()
+    assert [TASK] == store.tasks()
+    status = store.status(TASK)
+    assert (40, None) == (status.seq, status.error)
+    assert 40 == castore.verify.verify_head(store.objects, slots).head.seq
+
+
+def test_pruning_removes_the_snapshot_objects_too(tmp_path: Path) -> None:
+    """A pruned slot's snapshot object goes with it: a sealed task costs no inode per step."""
+    store = store_with(tmp_path, 12)
+    slots = slots_of(store)
+    ids = [castore.digest.hash_bytes(slots.read(seq)) for seq in range(6)]
+    mark_and_prune(store, 5)
+    assert [False] * 6 == [store.objects.exists(object_id) for object_id in ids]
+    assert store.objects.exists(castore.digest.hash_bytes(slots.read(6)))
+
+
+def test_pruning_refuses_a_range_the_mark_does_not_cover(tmp_path: Path) -> None:
+    """prune() without a mark that covers the range would free names a stale writer could take."""
+    store = store_with(tmp_path, 5)
+    with pytest.raises(ValueError, match="not marked sealed"):
+        slots_of(store).prune(2)
+    assert [0, 1, 2, 3, 4, 5] == slots_of(store).present()
+
+
+def test_a_commit_that_links_into_a_pruned_range_loses(tmp_path: Path) -> None:
+    """A stale writer's link into a freed slot name succeeds, but the post-link mark check
+    takes the slot back and raises ConflictError: no acknowledged commit outside the chain."""
+    store = store_with(tmp_path, 20)
+    slots = slots_of(store)
+    stale_parent = castore.digest.hash_bytes(slots.read(6))
+    stale_bytes = slots.read(7)  # any snapshot bytes: the link itself is what is judged
+    mark_and_prune(store, 9)
+    with pytest.raises(ConflictError, match="sequence 7"):
+        slots.commit(stale_bytes, 7, stale_parent)
+    assert not slots.exists(7)
+    assert 20 == slots.head_seq()
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        pytest.param(b"", id="empty"),
+        pytest.param(b'{"pack":null,"through":3}', id="no-newline"),
+        pytest.param(b'{"through":3,"pack":null}\n', id="not-canonical"),
+        pytest.param(b'{"pack":null,"through":-1}\n', id="negative"),
+        pytest.param(b'{"pack":null,"through":true}\n', id="bool"),
+        pytest.param(b'{"pack":"xyz","through":3}\n', id="bad-pack-id"),
+        pytest.param(b'{"pack":null}\n', id="missing-field"),
+        pytest.param(b"x" * 300, id="too-large"),
+    ],
+)
+def test_a_damaged_mark_fails_closed(tmp_path: Path, content: bytes) -> None:
+    """A mark castore did not write is a broken chain, never "no mark": that would hide it."""
+    store = store_with(tmp_path, 3)
+    Path(store.layout.mark_path(TASK)).write_bytes(content)
+    with pytest.raises(ChainError, match=r"sealed mark .* is damaged"):
+        slots_of(store).head_seq()
+
+
+def test_a_symlinked_mark_is_refused(tmp_path: Path) -> None:
+    """The mark is never read through a symlink."""
+    store = store_with(tmp_path, 3)
+    target = tmp_path / "elsewhere"
+    target.write_bytes(Mark(None, 1).encode())
+    os.symlink(target, store.layout.mark_path(TASK))
+    with pytest.raises(ChainError, match="symlink"):
+        slots_of(store).head_seq()
+
+
+def test_a_mark_above_every_slot_is_a_broken_chain(tmp_path: Path) -> None:
+    """HEAD is always above the mark: a mark at or beyond HEAD names damage."""
+    store = store_with(tmp_path, 3)
+    sealmark.write(slots_of(store).task_dir, Mark(FAKE_PACK, 3))
+    with pytest.raises(ChainError, match=r"slot 4 .* is missing"):
+        slots_of(store).head_seq()
+
+
+# A writer that resumes the task, prints its HEAD, and commits one step: the test pauses it
+# just before its link, advances, marks and prunes the task past it, then lets it go on.
+STALE_WRITER = """
+import sys
+import castore
+root, task, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+plan = castore.Plan.build("p", *[f"s{i}" for i in range(steps)])
+run = castore.Store.open(root).resume(task, plan, lock_timeout=None)
+print("head", run.head.seq, flush=True)
+try:
+    run.commit_step(run.next_step, "stale")
+except castore.ConflictError as exc:
+    print("lost", exc.seq, flush=True)
+else:
+    print("acknowledged", run.head.seq, flush=True)
+"""
+
+
+def test_a_real_stale_writer_paused_before_its_link_loses_after_a_prune(
+    tmp_path: Path, children: list[subprocess.Popen[str]]
+) -> None:
+    """SIGSTOP a real writer at commit.before_link, move the task on, mark and prune past the
+    slot it will link, SIGCONT it: it is told it lost, and its slot is not left in the chain."""
+    store = store_with(tmp_path, 5)
+    env = {**os.environ, "CASTORE_PAUSE_AT": "commit.before_link"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", STALE_WRITER, store.root, TASK, str(STEPS)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    children.append(proc)
+    assert proc.stdout is not None
+    assert "head 5" == proc.stdout.readline().strip()
+    wait_stopped(proc)
+    with store.resume(TASK, PLAN, lock_timeout=None) as run:
+        for _ in range(10):
+            run.commit_step(run.next_step, "winner")
+    mark_and_prune(store, 8)
+    os.kill(proc.pid, signal.SIGCONT)
+    out, _ = proc.communicate(timeout=60)
+    assert "lost 6" == out.strip()
+    slots = slots_of(store)
+    assert not slots.exists(6)
+    assert 15 == slots.head_seq()
