@@ -21,7 +21,7 @@ from typing import Any
 
 import attrs
 
-from castore import codec, crashpoints, fsio
+from castore import crashpoints, fsio, storeinit
 from castore.errors import CastoreError, ConflictError, TaskBusyError
 from castore.fsck import Finding, Severity, Summary, check_store
 from castore.layout import MARKER_NAME
@@ -79,7 +79,7 @@ def upgrade(
     with `dry_run`, only the check runs. FormatVersionError for a marker this castore does
     not know, StoreNotFoundError if `root` is not a store."""
     store = Store.open(root)  # refuses a marker of an unknown version, or no store at all
-    found = _format_version(store)
+    found = store.format_version
     findings, checked = _verify(store.root, jobs)
     report = UpgradeReport(store.root, found, TARGET_VERSION, dry_run, findings, checked)
     seal_task = _seal_function()
@@ -95,13 +95,6 @@ def upgrade(
         return report  # runs seal as they commit; nothing else needs sealing to be read
     sealed, problems = _seal_all(Store.open(store.root), seal_task)
     return attrs.evolve(report, sealed=sealed, seal_problems=problems)
-
-
-def _format_version(store: Store) -> int:
-    version = getattr(store, "format_version", None)  # TODO(golden): Store's, after v2 base
-    if version is None:
-        version = codec.decode_value(fsio.read_regular(store.layout.marker))["version"]
-    return int(version)
 
 
 def _verify(root: str, jobs: int | None) -> tuple[tuple[Finding, ...], dict[str, object]]:
@@ -124,19 +117,11 @@ def _where(finding: Finding) -> tuple[str, str, str | None]:
 
 
 def write_marker(root: str, version: int) -> None:
-    """Replace castore.json atomically by the marker of `version`: readers see the old
-    marker or the new one, never a mix; a crash before the rename leaves a temp file only
-    (fsck: temp-file; gc removes it), after it and before the fsync either marker."""
-    data = codec.encode_value({"format": "castore", "version": version}) + b"\n"
-    temp = fsio.write_temp(root, data)
-    try:
-        # rename() replaces the name itself: a symlink planted there is replaced, not
-        # followed (and Store.open refused a marker that is not a regular file already).
-        fsio.rename(temp, os.path.join(root, MARKER_NAME))
-    except BaseException:
-        fsio.discard(temp)
-        raise
-    fsio.fsync_dir(root)
+    """Replace castore.json by the marker of `version` (temp file, fsync, rename over, fsync
+    of the root): readers see the old marker or the new one, never a mix; a crash before the
+    rename leaves a temp file only (fsck: temp-file; gc removes it), after it and before the
+    fsync either marker. rename() replaces the name itself: nothing there is followed."""
+    fsio.replace_file(root, MARKER_NAME, storeinit.marker_bytes(version))
 
 
 def _seal_function() -> SealTask | None:

@@ -143,7 +143,7 @@ def test_writing_into_a_v1_store_keeps_it_v1(tmp_path: Path) -> None:
     store.override("effect-planned", who="ops", why="notify after", plan=plans["effect-confirmed"])
     assert marker == (root / "castore.json").read_bytes()
     assert {b"1"} == set(_objects_by_header(root))
-    assert 1 == getattr(castore.Store.open(root), "format_version", 1)
+    assert 1 == castore.Store.open(root).format_version
     summary = castore.fsck.Summary()
     findings = list(castore.fsck.check_store(root, jobs=1, summary=summary))
     assert (0, []) == (summary.exit_status, [f for f in findings if f.severity.value == "error"])

@@ -80,14 +80,7 @@ def fixed_writers() -> Iterator[None]:
 
 def init_store(root: Path, version: int) -> None:
     """A new, empty store whose marker names `version`."""
-    marker = codec.encode_value({"format": "castore", "version": version}) + b"\n"
-    build = storeinit.build
-    if "version" in build.__code__.co_varnames:
-        build(Layout(root), version=version)  # type: ignore[call-arg]
-        return
-    if marker != storeinit.MARKER_BYTES:
-        raise SystemExit(f"this castore cannot create a store of format version {version}")
-    build(Layout(root))
+    storeinit.build(Layout(root), version=version)
 
 
 # -- the scenarios of the clean store ----------------------------------------------------------
