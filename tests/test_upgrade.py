@@ -258,13 +258,17 @@ def test_a_run_opened_on_the_v1_store_keeps_committing_through_the_upgrade(
     report = upgrade(root, jobs=1)
     store = castore.Store.open(root)
     flipped_at = store.verify("busy").head.seq
-    lines = [read_line(proc)]
+    seen = read_line(proc)
     # Until 3 commits after the flip, or the writer's end (it loses to a seal commit).
-    while lines[-1] and int(lines[-1].split()[1]) < flipped_at + 3:
-        lines.append(read_line(proc))
+    while seen.endswith("\n") and _ack(seen.splitlines()[-1])[0] < flipped_at + 3:
+        seen += read_line(proc)
     os.kill(proc.pid, signal.SIGKILL)
-    rest, _ = proc.communicate(timeout=60)
-    acked = dict(_ack(line) for line in "".join(lines).split("\n")[:-1] + rest.split("\n")[:-1])
+    # Through the same buffered reader (communicate() would skip what readline read ahead).
+    assert proc.stdout is not None
+    rest = proc.stdout.read()
+    proc.communicate(timeout=60)
+    # Complete lines only: the kill may tear the last one.
+    acked = dict(_ack(line) for line in (seen + rest).split("\n")[:-1])
     assert (False, True) == (report.refused, report.marker_written)
     # The writer holds the task: a seal of it, if this castore seals, may have to wait.
     assert set() == {(p.task, p.kind) for p in report.seal_problems} - {("busy", "busy")}
@@ -276,7 +280,8 @@ def test_a_run_opened_on_the_v1_store_keeps_committing_through_the_upgrade(
 
 
 def _ack(line: str) -> tuple[int, str]:
-    _, seq, head = line.split()
+    word, seq, head = line.split(" ")
+    assert "ack" == word
     return int(seq), head
 
 
@@ -333,3 +338,16 @@ def test_a_stale_run_opened_on_the_v1_store_loses_once_a_seal_pruned_its_slot(
         stale.commit_step("load", "from a stale run")
     assert ([4, 5], True) == (slots.present(), stale.stale)
     stale.close()
+
+
+def test_objects_of_a_newer_format_say_upgrade_castore(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A store holding an object of format 999 is refused, and the verdict says to upgrade
+    castore (not to repair damage): exit 1, nothing written."""
+    root = materialize(V1 / "damaged-future-object", tmp_path)
+    code, out, _ = cli(capsys, "upgrade", str(root))
+    assert 1 == code
+    assert "error: unknown-version: objects/" in out
+    assert "does not read; nothing was changed; upgrade castore" in out.splitlines()[-1]
+    assert V1_MARKER == (root / "castore.json").read_bytes()

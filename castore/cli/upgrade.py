@@ -66,6 +66,11 @@ def _print_text(report: UpgradeReport) -> None:
 
 def _outcome(report: UpgradeReport) -> str:
     root, old, new = report.root, report.from_version, report.to_version
+    if any(f.code == "unknown-version" for f in report.errors):
+        return (
+            f"not upgraded: {root} (format {old}) holds objects of a format this castore "
+            "does not read; nothing was changed; upgrade castore, then run `castore upgrade`"
+        )
     if report.refused:
         return f"not upgraded: {root} (format {old}) is damaged; {_NEXT}"
     if old >= new:
