@@ -8,8 +8,8 @@ Three steps, each one a re-run repeats or skips (docs/FORMAT.md §18):
 
 A v1 store is a valid v2 store once its marker says so: v2 reads v1 objects as they are, so
 step 2 needs to rewrite nothing, and a crash anywhere leaves a store that is v1 (nothing
-written, or at most a temp file of the marker) or v2 (the rest is done by the next run, or
-by the runs themselves, which seal as they go).
+written, or at most a temp file of the marker) or v2 (what is left, sealing, is done by the
+next upgrade, or by the tasks' runs, which seal as they go).
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from castore.errors import CastoreError, ConflictError, TaskBusyError
 from castore.fsck import Finding, Severity, Summary, check_store
 from castore.layout import MARKER_NAME
 from castore.store import Store
+
+__all__ = ["TARGET_VERSION", "SealProblem", "UpgradeReport", "upgrade", "write_marker"]
 
 TARGET_VERSION = 2
 SealTask = Callable[[Store, str], Any]
@@ -161,6 +163,3 @@ def _seal_each(store: Store, seal_task: SealTask) -> Iterator[tuple[str, SealPro
             yield task, SealProblem(task, "failed", str(exc))
         else:
             yield task, None
-
-
-__all__ = ["TARGET_VERSION", "SealProblem", "UpgradeReport", "upgrade", "write_marker"]

@@ -3,6 +3,7 @@ replace; refused when damaged, resumable after a kill at any step, safe beside a
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -211,7 +212,7 @@ def _fsck_exit(root: Path) -> int:
 
 
 @pytest.mark.skipif(
-    not upgrade.__module__ or __import__("importlib").util.find_spec("castore.seal") is None,
+    importlib.util.find_spec("castore.seal") is None,
     reason="castore.seal is not in this castore yet: upgrade seals nothing",
 )
 def test_a_kill_between_two_seals_is_finished_by_a_rerun(tmp_path: Path) -> None:
