@@ -43,6 +43,9 @@ POINTS = (
     "gc.set_aside",
     "gc.reread",
     "quarantine.moved",
+    "upgrade.verified",
+    "upgrade.marker_written",
+    "upgrade.sealed",
 )
 
 

@@ -22,8 +22,14 @@ MARKER_BYTES = codec.encode_value(MARKER) + b"\n"
 _FANOUT = re.compile(r"[0-9a-f]{2}")
 
 
-def build(layout: Layout) -> None:
-    """Create (or complete) the store at `layout.root`; the marker last. Safe to repeat."""
+def marker_bytes(version: int) -> bytes:
+    """The 33 bytes of the marker of format `version` (docs/FORMAT.md §3)."""
+    return codec.encode_value({"format": "castore", "version": version}) + b"\n"
+
+
+def build(layout: Layout, version: int = codec.FORMAT_VERSION) -> None:
+    """Create (or complete) the store at `layout.root`; the marker last. Safe to repeat.
+    `version`: 1 makes a v1 store, as castore 0.1.x did (the golden stores' generator)."""
     try:
         fsio.make_dirs_durable(layout.root)
         crashpoints.reach("init.root")
@@ -36,7 +42,7 @@ def build(layout: Layout) -> None:
         fsio.make_dir_durable(layout.tasks)
         crashpoints.reach("init.tasks")
         # Last: a directory without it is an interrupted init, which the next init completes.
-        fsio.publish_file(layout.root, MARKER_NAME, MARKER_BYTES)
+        fsio.publish_file(layout.root, MARKER_NAME, marker_bytes(version))
     except CastoreError:
         raise  # DurabilityError, UnsafeFileError: they already say what failed
     except OSError as exc:

@@ -14,6 +14,7 @@ from castore.cli import (
     inspect,
     maintenance,
     overview,
+    upgrade,
     watch,
 )
 
@@ -26,6 +27,7 @@ REGISTRARS: list[Registrar] = [
     decide.register,
     ending.register,
     maintenance.register,
+    upgrade.register,
     watch.register,
     doctor.register,
     demo.register,
