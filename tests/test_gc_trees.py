@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from helpers import cli
+from test_fsck_kinds import craft_tree
 from test_gc_handshake import finish, spawn, wait_stopped
 
 import castore
@@ -236,3 +237,17 @@ def test_a_tombstone_names_nothing() -> None:
     entry["transition"] = {"kind": "seal", "result_ref": "c" * 64}
     named = list(references.named_by("snapshot", codec.encode_value(entry)))
     assert ["p" * 64, "a" * 64, "c" * 64, "b" * 64] == named
+
+
+def test_gc_keeps_a_tree_deeper_than_castore_writes_whole(store: castore.Store) -> None:
+    """gc has no depth limit: a hand-made chain of 150 trees (put_tree stops at 100) named by
+    a result keeps every tree and the leaf part at its bottom."""
+    leaf = store.put_raw(b"bottom")
+    ids = [craft_tree(store, {"leaf": leaf.raw})]
+    for _ in range(149):
+        ids.append(craft_tree(store, {"down": ids[-1]}))
+    with store.start("t", PLAN) as run:
+        run.commit_step("a", castore.TreeRef(ids[-1]))
+    age_all(store)
+    assert [] == collect(store.root, grace_s=DAY).removed
+    assert exists(store, leaf.raw)
