@@ -11,7 +11,7 @@ The protocol, for a run whose newest anchor is (P0, T0):
 4. it removes slots <= T1 and their snapshot objects: `seal.pruned`.
 A crash before 2 leaves an unreferenced pack (gc removes it after the grace period); after 2
 and before 4 the next run of the task finishes 3 and 4 (`Sealer.finish_prune`). A finished
-task gets one SEAL commit that seals everything before it.
+task with sealed history gets one SEAL commit that seals everything before it.
 """
 
 from __future__ import annotations
@@ -33,10 +33,6 @@ if TYPE_CHECKING:
     from castore.store import Store
 
 SEAL_EVERY = packs.MAX_SNAPSHOTS
-# A finished task is sealed whole only if this many snapshots (of SEAL_EVERY) lie past its
-# anchor: a shorter tail costs fewer inodes than the SEAL commit, pack and mark would save,
-# and a task of a few steps keeps the history a v1 reader of it would expect.
-FINISH_FRACTION = 64
 
 
 @attrs.frozen
@@ -118,10 +114,11 @@ class Sealer:
         self._thread: threading.Thread | None = None
 
     def worth_finishing(self) -> bool:
-        """True if enough snapshots lie past the anchor for a finished task to be sealed
-        whole: SEAL_EVERY / FINISH_FRACTION of them (at least 1)."""
+        """True if a finished task is to be sealed whole: it has sealed history (a pack, named
+        or ready), so it is a long task. A task that never reached SEAL_EVERY commits keeps
+        its slots, and the history (seq numbers, length) it would have in a v1 store."""
         with self._lock:
-            return len(self._tail) >= max(1, self._every // FINISH_FRACTION)
+            return (self._ready or self._anchor) is not None
 
     def next_anchor(self) -> Sealed | None:
         """What the next commit carries: a pack published and not named yet, else the anchor."""
