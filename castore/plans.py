@@ -5,7 +5,8 @@ from __future__ import annotations
 from castore import codec
 from castore.digest import hash_bytes
 from castore.errors import UsageError
-from castore.records import Plan
+from castore.fastdecode import encode_sorted
+from castore.records import Plan, Step
 
 MAX_STEP_ID = 200
 
@@ -37,8 +38,34 @@ def validate_plan(plan: Plan) -> None:
 
 
 def plan_bytes(plan: Plan) -> bytes:
-    """The framed object bytes of a plan."""
-    return codec.encode_record("plan", plan)
+    """The framed object bytes of a plan. Every resume hashes the caller's plan: its steps
+    (all of the bytes of a long plan) are encoded in C when they hold exact types only, the
+    name and meta as any record's fields are; anything else takes the general path."""
+    if not _plain_steps(plan.steps):
+        return codec.encode_record("plan", plan)
+    try:
+        steps = encode_sorted(plan.steps)
+    except UnicodeEncodeError:  # a lone surrogate: the general path says where
+        return codec.encode_record("plan", plan)
+    body = b'{"meta":%s,"name":%s,"steps":%s}' % (
+        codec.encode_value(codec.to_builtins(plan.meta)),
+        codec.encode_value(plan.name),
+        steps,
+    )
+    return codec.frame("plan", body)
+
+
+def _plain_steps(steps: object) -> bool:
+    """True if `steps` is a tuple of Steps made of exact strs and bools (what the general
+    path encodes the same way, fastdecode.encode_sorted)."""
+    return type(steps) is tuple and all(
+        type(step) is Step
+        and type(step.id) is str
+        and type(step.effect) is bool
+        and type(step.after) is tuple
+        and all(type(dep) is str for dep in step.after)
+        for step in steps
+    )
 
 
 def plan_id(plan: Plan) -> str:
