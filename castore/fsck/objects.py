@@ -9,7 +9,7 @@ from typing import Any
 
 import attrs
 
-from castore import codec
+from castore import codec, fsio
 from castore.digest import hash_bytes
 from castore.errors import CastoreError, FormatVersionError, UnsafeFileError
 from castore.fastdecode import decode_canonical, decode_canonical_value, too_deep
@@ -62,7 +62,26 @@ def canonical_bytes(value: Any) -> bytes:
 def check_object(root: str, relpath: str, object_id: str) -> ObjectReport:
     """Check the object file at `relpath` (under `root`) named `object_id`."""
     read = _read_object(root, relpath, object_id)
-    return read if isinstance(read, ObjectReport) else check_data(relpath, object_id, *read)
+    if isinstance(read, ObjectReport):
+        return read
+    return _confirmed(root, relpath, object_id, check_data(relpath, object_id, *read))
+
+
+# Findings a stale read from a shared filesystem's client cache can fake (FORMAT.md 11.5).
+_STALE_LOOKING = frozenset({"object-empty", "hash-mismatch", "truncated", "bad-header"})
+
+
+def _confirmed(root: str, relpath: str, object_id: str, report: ObjectReport) -> ObjectReport:
+    """`report`, or, when it calls the bytes damaged in a way a stale read can fake, the
+    report of the bytes read again past the client's caches (a new open, pages dropped)."""
+    if not report.damaged or not any(f.code in _STALE_LOOKING for f in report.findings):
+        return report
+    path = os.path.join(root, relpath)
+    try:
+        data, info = fsio.read_uncached(path), os.lstat(path)
+    except OSError:
+        return report  # what the first read found stands
+    return check_data(relpath, object_id, data, info)
 
 
 def check_named(root: str, object_id: str) -> ObjectReport | None:
@@ -73,8 +92,8 @@ def check_named(root: str, object_id: str) -> ObjectReport | None:
     if isinstance(read, ObjectReport):
         return None if read.missing else read
     data, info = read
-    return _intact_blob(relpath, object_id, data, info) or check_data(
-        relpath, object_id, data, info
+    return _intact_blob(relpath, object_id, data, info) or _confirmed(
+        root, relpath, object_id, check_data(relpath, object_id, data, info)
     )
 
 
