@@ -437,12 +437,30 @@ def observe(root: Path, task_plans: dict[str, castore.Plan]) -> dict[str, Any]:
     return observed
 
 
+_V1_STATUS_FIELDS = frozenset(
+    [
+        "effects",
+        "error",
+        "finished",
+        "head",
+        "next_action",
+        "plan",
+        "seq",
+        "step",
+        "task",
+        "updated_ms",
+    ]
+)
+
+
 def _status(store: castore.Store, task: str) -> dict[str, Any]:
     """Status as data: its wording (`reason`, the error's message) is for people and may
     improve; whether it is broken, and every field a program acts on, is the contract."""
     status = store.status(task).to_json()
     status["error"] = status["error"] is not None
     del status["reason"]
+    # Fields a later castore adds (v2's `forgotten`) are not what a v1 store must read as.
+    status = {key: value for key, value in status.items() if key in _V1_STATUS_FIELDS}
     for effect in status["effects"]:
         del effect["reason"]
     return status
