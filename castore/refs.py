@@ -118,33 +118,40 @@ class TaskSlots:
         mark = self.mark()
         if mark is None or mark.through < through:
             raise ValueError(f"slots up to {through} of {self.task_id!r} are not marked sealed")
+        objects: list[str] = []
         removed = 0
         for name in fsio.list_names(self.directory):
             seq = parse_slot_name(name)
             if seq is None or seq > through:
                 continue
-            path = os.path.join(self.directory, name)
-            self._remove_object_of(path)
-            fsio.remove_if_present(path)
+            object_path = self._prune_slot(os.path.join(self.directory, name))
+            if object_path is not None:
+                objects.append(object_path)
             removed += 1
             crashpoints.reach("prune.slot_removed")
+        # The slots' removal durable before their objects go: a power loss must never leave a
+        # slot whose object is gone (fsck's slot-not-published), only objects no slot names.
+        fsio.fsync_dir(self.directory)
+        for object_path in objects:
+            fsio.remove_if_present(object_path)
         return removed
 
-    def _remove_object_of(self, slot: str) -> None:
-        """Unlink the object name of the snapshot `slot` holds, if it is the same file."""
+    def _prune_slot(self, slot: str) -> str | None:
+        """Remove a slot; the path of its snapshot's object name if that is the same file
+        (the caller removes it once the slot's removal is durable), else None."""
         try:
             data = fsio.read_regular(slot)
         except FileNotFoundError:
-            return
+            return None
         object_path = self._objects.path(hash_bytes(data))
         try:
             same = os.path.samestat(os.lstat(slot), os.lstat(object_path))
         except FileNotFoundError:
-            return
+            same = False
         except OSError as exc:
             raise fsio.io_error(object_path, "looking up", exc) from exc
-        if same:
-            fsio.remove_if_present(object_path)
+        fsio.remove_if_present(slot)
+        return object_path if same else None
 
     def commit(
         self, data: bytes, seq: int, expected_parent: str, relies_on: Iterable[str] = ()
