@@ -102,6 +102,24 @@ def test_a_stale_writer_linking_into_a_pruned_range_loses(v2: castore.Store) -> 
     stale.close()
 
 
+def test_a_pack_removed_before_the_commit_naming_it_is_stored_again(v2: castore.Store) -> None:
+    """The pack is published, then gone (a gc took it as unreferenced, the writer paused past
+    the grace period) before the commit that names it: that commit stores it again from the
+    bytes it holds, so no acknowledged anchor names a missing pack."""
+    plan = plan_of(40)
+    with v2.start(TASK, plan) as run:
+        for _ in range(7):
+            run.commit_step(str(run.next_step), "r")
+        run._sealer.drain()  # type: ignore[union-attr]  # the pack of 0..7 is published
+        ready = run._sealer.next_anchor()  # type: ignore[union-attr]
+        assert ready is not None
+        os.unlink(v2.objects.path(ready.pack))
+        run.commit_step(str(run.next_step), "names the pack")
+        assert ready == run.head.sealed
+    assert os.path.exists(v2.objects.path(ready.pack))
+    assert 8 == v2.verify(TASK).head.seq
+
+
 # A writer that keeps going: on losing a commit it resumes and goes on, until the plan is
 # done. It prints each commit it was acknowledged, and "done" at the end.
 WRITER = """
