@@ -255,10 +255,12 @@ class Run:
         frontier: Frontier | None = None,
         plan_id: str | None = None,
         sealed: Sealed | None = None,
+        packs_written: tuple[str, ...] = (),
     ) -> str:
         """Commit one transition as the successor of HEAD. Any loss makes this run stale.
         The snapshot carries `sealed`, else a pack the sealer published since the last
-        commit, else HEAD's anchor (v2: an anchor is carried forward, never dropped)."""
+        commit, else HEAD's anchor (v2: an anchor is carried forward, never dropped);
+        `packs_written`: the older packs `sealed` reaches through prev that no commit names."""
         if self._stale is not None:
             raise self._stale
         # Until an in-flight effect is settled, a changed environment is unexplained: keep the
@@ -298,6 +300,9 @@ class Run:
             parts_reached(self._objects, transition.result_ref) if transition.result_ref else []
         )
         relies_on = [*reached, *([plan_id] if plan_id is not None else [])]
+        if snapshot.sealed is not None and snapshot.sealed != self.head.sealed:
+            # A pack published a while ago is unreferenced until this commit names it.
+            relies_on += [snapshot.sealed.pack, *packs_written]
         try:
             snapshot_id = self._slots.commit(data, snapshot.seq, self.head_id, relies_on)
         except (ConflictError, CommitUncertainError) as exc:
@@ -336,7 +341,10 @@ class Run:
             return SealReport(self.task_id, (), self.head.sealed, None)
         anchor, written = self._sealer.seal_all()
         snapshot_id = self.advance(
-            Transition(TransitionKind.SEAL), self.head.effects, sealed=anchor
+            Transition(TransitionKind.SEAL),
+            self.head.effects,
+            sealed=anchor,
+            packs_written=tuple(pack for pack in written if pack != anchor.pack),
         )
         self._sealer.drain()
         if self._sealer.error is not None:

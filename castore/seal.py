@@ -64,7 +64,9 @@ def build_packs(
     through = anchor.through if anchor is not None else -1
     for start in range(0, len(framed), every):
         chunk = framed[start : start + every]
-        pack_id = objects.put_framed(packs.build(chunk, prev=prev, parent=parent), remember=False)
+        # Remembered: the commit that names it holds its bytes, to store it again if a gc
+        # removed it meanwhile (refs.py, the gc handshake).
+        pack_id = objects.put_framed(packs.build(chunk, prev=prev, parent=parent))
         crashpoints.reach("seal.pack_written")
         written.append(pack_id)
         prev, parent, through = pack_id, chunk[-1], through + len(chunk)

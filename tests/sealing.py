@@ -38,7 +38,8 @@ def plan_of(steps: int) -> Plan:
 
 def run_steps(store: castore.Store, task: str, plan: Plan, count: int | None = None) -> None:
     """Open `task` and commit `count` of its next steps (all of them if None), results of
-    each step its own name, a blob for every fifth."""
+    each step its own name, a blob for every fifth; the sealing thread is waited for after
+    each commit, so the tests can say where each seal lands."""
     with store.open_task(task, plan) as run:
         for done, step in enumerate(run.pending()):
             if count is not None and done >= count:
@@ -46,6 +47,8 @@ def run_steps(store: castore.Store, task: str, plan: Plan, count: int | None = N
             index = int(step[1:])
             result = store.put_blob({"step": step}) if index % 5 == 4 else step
             run.commit_step(step, result)
+            if run._sealer is not None:  # each seal lands at the same commit, however loaded
+                run._sealer.drain()
 
 
 def framed_history(store: castore.Store, task: str) -> list[bytes]:

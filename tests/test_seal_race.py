@@ -94,12 +94,31 @@ def test_a_stale_writer_linking_into_a_pruned_range_loses(v2: castore.Store) -> 
     with v2.resume(TASK, plan, lock_timeout=None) as run:
         for _ in range(6):
             run.commit_step(str(run.next_step), "r")
+            run._sealer.drain()  # type: ignore[union-attr]  # the seal lands at seq 8, always
     assert v2._slots(TASK).mark() is not None
     with pytest.raises(ConflictError):
         stale.commit_step(str(stale.next_step), "stale")
     assert not v2._slots(TASK).exists(4)
     assert 9 == v2.verify(TASK).head.seq
     stale.close()
+
+
+def test_a_pack_removed_before_the_commit_naming_it_is_stored_again(v2: castore.Store) -> None:
+    """The pack is published, then gone (a gc took it as unreferenced, the writer paused past
+    the grace period) before the commit that names it: that commit stores it again from the
+    bytes it holds, so no acknowledged anchor names a missing pack."""
+    plan = plan_of(40)
+    with v2.start(TASK, plan) as run:
+        for _ in range(7):
+            run.commit_step(str(run.next_step), "r")
+        run._sealer.drain()  # type: ignore[union-attr]  # the pack of 0..7 is published
+        ready = run._sealer.next_anchor()  # type: ignore[union-attr]
+        assert ready is not None
+        os.unlink(v2.objects.path(ready.pack))
+        run.commit_step(str(run.next_step), "names the pack")
+        assert ready == run.head.sealed
+    assert os.path.exists(v2.objects.path(ready.pack))
+    assert 8 == v2.verify(TASK).head.seq
 
 
 # A writer that keeps going: on losing a commit it resumes and goes on, until the plan is
