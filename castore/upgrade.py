@@ -22,7 +22,7 @@ from typing import Any
 import attrs
 
 from castore import crashpoints, fsio, storeinit
-from castore.errors import CastoreError, ConflictError, TaskBusyError
+from castore.errors import CastoreError, ConflictError, TaskBusyError, TaskForgottenError
 from castore.fsck import Finding, Severity, Summary, check_store
 from castore.layout import MARKER_NAME
 from castore.store import Store
@@ -155,6 +155,8 @@ def _seal_each(store: Store, seal_task: SealTask) -> Iterator[tuple[str, SealPro
     for task in store.tasks():
         try:
             seal_task(store, task)
+        except TaskForgottenError:
+            continue  # ended for good: nothing follows its tombstone, gc reclaims its history
         except (ConflictError, TaskBusyError) as exc:
             # A writer committed first, or holds the task: its next run seals it (a run
             # opened while the store was v1 writes v1 until it resumes), or a re-run of upgrade.

@@ -355,3 +355,18 @@ def test_objects_of_a_newer_format_say_upgrade_castore(
     assert "error: unknown-version: objects/" in out
     assert "does not read; nothing was changed; upgrade castore" in out.splitlines()[-1]
     assert V1_MARKER == (root / "castore.json").read_bytes()
+
+
+def test_a_rerun_on_a_v2_store_skips_forgotten_tasks(tmp_path: Path) -> None:
+    """upgrade again on a store with a forgotten task: the tombstone stays the task's last
+    snapshot (nothing may follow it), and the run reports no problem."""
+    store = castore.Store.init(tmp_path / "s")
+    plan = castore.Plan.build("p", "a", "b")
+    for task in ("gone", "kept"):
+        with store.start(task, plan) as run:
+            run.commit_step("a", 1)
+    store.forget("gone", who="ops", why="done with it")
+    report = upgrade(store.root)
+    assert ((), 0) == (report.seal_problems, report.exit_status)
+    assert "gone" not in report.sealed
+    assert store.status("gone").forgotten
