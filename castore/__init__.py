@@ -45,7 +45,7 @@ from castore.run import Run, derive_key
 from castore.store import Store
 from castore.trees import RawRef, Tree, TreeRef
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"
 
 __all__ = [
     "NOT_FOUND",
