@@ -1,6 +1,6 @@
 """Build the golden stores of tests/golden/: stores written by this castore, kept forever.
 
-    python tools/make_golden.py --version 1 [--out DIR]
+    python tools/make_golden.py --version {1,2} [--out DIR]
 
 writes DIR/v<N>/<name>/ (default DIR: tests/golden) for every store of the set: `store/`, the
 store's files as git can hold them; `manifest.json`, what git cannot hold (empty directories,
@@ -12,7 +12,7 @@ committed is the compatibility contract and is never regenerated (the tool refus
 over one), and a change that breaks it is a format break.
 
 Deterministic: a fixed clock, a fixed writer (host, pid, run id), no randomness in what the
-scenarios do, so the same castore builds the same bytes (test_golden checks that of v1).
+scenarios do, so the same castore builds the same bytes (test_golden checks that of every set).
 """
 
 from __future__ import annotations
@@ -35,13 +35,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import castore
-from castore import codec, storeinit
+from castore import codec, sealmark, storeinit
+from castore import forget as forget_module
+from castore import fork as fork_module
 from castore import run as run_module
 from castore.cli import main as cli_main
 from castore.digest import hash_bytes
 from castore.fsck import Summary, check_store
 from castore.layout import Layout
 from castore.records import Writer
+from castore.seal import seal_task
 
 GOLDEN = ROOT / "tests" / "golden"
 T0_MS = 1_796_029_200_000  # 2026-11-30T09:00:00Z: in the past, so ages and "stuck" are fixed
@@ -64,18 +67,22 @@ class FixedClock:
 
 @contextlib.contextmanager
 def fixed_writers() -> Iterator[None]:
-    """Every run writes as host "golden", pid 4242, run id = a counter (no random ids)."""
+    """Every run, fork and tombstone writes as host "golden", pid 4242, run id = a counter
+    (no random ids): each module that names a writer gets the fixed one."""
     counter = itertools.count(1)
-    original = run_module.Writer
+    modules = (run_module, fork_module, forget_module)
+    originals = [module.Writer for module in modules]
 
     def writer(_host: str, _pid: int, _run: str) -> Writer:
         return Writer("golden", 4242, f"{next(counter):016x}")
 
-    run_module.Writer = writer  # type: ignore[assignment,misc]
+    for module in modules:
+        module.Writer = writer  # type: ignore[assignment,misc]
     try:
         yield
     finally:
-        run_module.Writer = original  # type: ignore[misc]
+        for module, original in zip(modules, originals, strict=True):
+            module.Writer = original  # type: ignore[misc]
 
 
 def init_store(root: Path, version: int) -> None:
@@ -96,14 +103,7 @@ class Interrupted(Exception):
 def plans(version: int = 1) -> dict[str, castore.Plan]:
     """The plan each task of the clean store ends with (the overridden one: its new plan)."""
     charge = castore.effect("charge", "prepare")
-    v2 = {
-        "raw-and-tree": castore.Plan.build("parts", "dump", "assemble", "use"),
-        "sealed": castore.Plan.build("long", *[f"s{i}" for i in range(SEALED_STEPS)]),
-        "forked": castore.Plan.build("etl", "extract", "transform", "load", "verify", "publish"),
-        "forgotten": castore.Plan.build("gone", "a", "b"),
-    }
-    return {
-        **(v2 if version >= 2 else {}),
+    v1 = {
         "finished": castore.Plan.build("report", "fetch", "parse", "summarize"),
         "mid-plan": castore.Plan.build("etl", "extract", "transform", "load", "verify", "publish"),
         "effect-planned": castore.Plan.build("pay", "prepare", charge),
@@ -114,6 +114,14 @@ def plans(version: int = 1) -> dict[str, castore.Plan]:
         "overridden": castore.Plan.build("deploy", "build", "test", "ship", "announce"),
         "tâche/1": castore.Plan.build("unicode", "un", "deux"),
     }
+    v2 = {
+        "raw-and-tree": castore.Plan.build("parts", "dump", "assemble", "use"),
+        "sealed": castore.Plan.build("long", *[f"s{i}" for i in range(SEALED_STEPS)]),
+        "sealed-finished": castore.Plan.build("short", *[f"s{i}" for i in range(SEALED_STEPS)]),
+        "forked": castore.Plan.build("etl", "extract", "transform", "load", "verify", "publish"),
+        "forgotten": castore.Plan.build("gone", "a", "b"),
+    }
+    return {**v1, **(v2 if version >= 2 else {})}
 
 
 def _submit_and_lose_answer(run: castore.Run, step: str, service: castore.Service) -> None:
@@ -123,11 +131,13 @@ def _submit_and_lose_answer(run: castore.Run, step: str, service: castore.Servic
 
 
 def build_clean(root: Path, version: int) -> None:
-    """The clean store: a task in every state a v1 store can hold."""
+    """The clean store: a task in every state a store of its version can hold (v2 adds raw
+    and tree results, a sealed task with a tail, a sealed finished task, a fork and a
+    forgotten task)."""
     init_store(root, version)
     clock = FixedClock()
     store = castore.Store.open(root, clock=clock)
-    p = plans()
+    p = plans(version)
     with store.start("finished", p["finished"]) as run:
         run.commit_step("fetch", {"rows": 3, "source": "https://example.invalid/data"})
         table = store.put_blob({"table": [[i, i * i, f"row {i}"] for i in range(40)]})
@@ -161,48 +171,37 @@ def build_clean(root: Path, version: int) -> None:
         build_v2_tasks(store, p)
 
 
-def v2_missing() -> list[str]:
-    """What this castore lacks to build the v2 set (empty once every v2 piece has landed)."""
-    wanted = [("Store.put_raw", hasattr(castore.Store, "put_raw"))]
-    wanted += [("Store.put_tree", hasattr(castore.Store, "put_tree"))]
-    wanted += [("Store.fork", hasattr(castore.Store, "fork"))]
-    wanted += [("Store.forget", hasattr(castore.Store, "forget"))]
-    wanted += [("castore.seal.seal_task", _seal_task() is not None)]
-    return [name for name, present in wanted if not present]
-
-
-def _seal_task() -> Callable[[castore.Store, str], object] | None:
-    try:
-        from castore import seal  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    found: Callable[[castore.Store, str], object] | None = getattr(seal, "seal_task", None)
-    return found
-
-
-def build_v2_tasks(store: Any, p: dict[str, castore.Plan]) -> None:
+def build_v2_tasks(store: castore.Store, p: dict[str, castore.Plan]) -> None:
     """The tasks only a v2 store can hold (docs/design V3-V5): raw and tree results, a sealed
-    history with a tail above its pack, a fork, a forgotten task."""
+    history with a tail above its pack, one sealed and then finished, a fork, a forgotten task.
+    Nothing seals in the background: every task stays far below SEAL_EVERY commits, so only
+    the explicit seal_task calls (and the close of a finished sealed task) seal, in this thread."""
     with store.start("raw-and-tree", p["raw-and-tree"]) as run:
         raw = store.put_raw(bytes(range(256)) * 4)  # not valid UTF-8: raw, not a blob
         run.commit_step("dump", raw)
         blob = store.put_blob({"rows": list(range(20))})
         tree = store.put_tree({"state": raw.raw, "rows": blob.blob}, data={"schema": 1})
         run.commit_step("assemble", tree)
-    seal_task = _seal_task()
-    assert seal_task is not None
     with store.start("sealed", p["sealed"]) as run:
         for step in [s.id for s in p["sealed"].steps][:-3]:
             run.commit_step(step, {"step": step})
     seal_task(store, "sealed")
     with store.resume("sealed", p["sealed"]) as run:
         run.commit_step(run.next_step, "above the anchor")
+    # Sealed half way, then finished: its close seals the rest whole (one more SEAL commit).
+    with store.start("sealed-finished", p["sealed-finished"]) as run:
+        for step in [s.id for s in p["sealed-finished"].steps][: SEALED_STEPS // 2]:
+            run.commit_step(step, step)
+    seal_task(store, "sealed-finished")
+    with store.resume("sealed-finished", p["sealed-finished"]) as run:
+        for step in run.pending():
+            run.commit_step(step, step)
     store.fork("mid-plan@1", "forked")
     with store.resume("forked", p["forked"]) as run:
         run.commit_step(run.next_step, "forked on")
     with store.start("forgotten", p["forgotten"]) as run:
         run.commit_step("a", 1)
-    store.forget("forgotten")
+    store.forget("forgotten", who="ops@example.invalid", why="a test task, not needed")
 
 
 # -- the damaged variants (each a copy of the clean store, damaged by hand) -------------------
@@ -307,8 +306,10 @@ def _objects_of_kind(root: Path, kind: bytes) -> list[Path]:
 
 
 def truncated_pack(root: Path) -> None:
-    """The pack of sealed cut to half its bytes (v2)."""
-    pack = _objects_of_kind(root, b"pack")[0]
+    """The pack of sealed (the one its sealed mark names) cut to half its bytes (v2)."""
+    mark = sealmark.read("sealed", Layout(root).task_dir("sealed"))
+    assert mark is not None
+    pack = Path(castore.Store.open(root).objects.path(mark.pack))
     _rewrite(pack, pack.read_bytes()[: pack.stat().st_size // 2])
 
 
@@ -453,14 +454,18 @@ _V1_STATUS_FIELDS = frozenset(
 )
 
 
+_V2_STATUS_FIELDS = _V1_STATUS_FIELDS | {"forgotten"}
+
+
 def _status(store: castore.Store, task: str) -> dict[str, Any]:
     """Status as data: its wording (`reason`, the error's message) is for people and may
     improve; whether it is broken, and every field a program acts on, is the contract."""
     status = store.status(task).to_json()
     status["error"] = status["error"] is not None
     del status["reason"]
-    # Fields a later castore adds (v2's `forgotten`) are not what a v1 store must read as.
-    status = {key: value for key, value in status.items() if key in _V1_STATUS_FIELDS}
+    # Fields a later castore adds (v2's `forgotten`) are not what an older store must read as.
+    fields = _V2_STATUS_FIELDS if store.format_version >= 2 else _V1_STATUS_FIELDS
+    status = {key: value for key, value in status.items() if key in fields}
     for effect in status["effects"]:
         del effect["reason"]
     return status
@@ -509,11 +514,6 @@ def build_set(out: Path, version: int) -> list[Path]:
     target = out / f"v{version}"
     if target.exists():
         raise SystemExit(f"{target} exists: a golden set is never regenerated (see README)")
-    missing = v2_missing() if version >= 2 else []
-    if missing:
-        raise SystemExit(
-            f"this castore cannot build the v{version} set yet: no {', '.join(missing)}"
-        )
     damage = {**DAMAGE, **(DAMAGE_V2 if version >= 2 else {})}
     built = []
     os.umask(0o022)  # the modes of lock files and directories, as the manifest records them

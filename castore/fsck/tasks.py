@@ -249,6 +249,11 @@ class TaskCheck:
             if result is None or result.kind not in PART_KINDS:
                 return None
             self.refs.add(result_ref)
+        if snapshot.fork is not None:  # the carried outcomes: resume reads them, gc keeps them
+            outcomes = self.named.report(snapshot.fork.outcomes)
+            if outcomes is None or outcomes.damaged or outcomes.kind != "tree":
+                return None
+            self.refs.add(snapshot.fork.outcomes)
         # Its own id and its parent's (a slot of this chain) need no entry in self.refs:
         # the caller adds every slot's id to what the chain refers to.
         snapshot_id = hash_bytes(data)
@@ -331,6 +336,8 @@ class TaskCheck:
         self._check_ref(relpath, snapshot_id, snapshot.plan, ("plan",))
         if transition.result_ref is not None:
             self._check_ref(relpath, snapshot_id, transition.result_ref, PART_KINDS)
+        if snapshot.fork is not None:
+            self._check_ref(relpath, snapshot_id, snapshot.fork.outcomes, ("tree",))
         if previous is None:
             if seq == 0 and snapshot.parent is not None:
                 bad("broken-link", f"sequence 0 names a parent {snapshot.parent}")
