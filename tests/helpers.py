@@ -7,12 +7,14 @@ import os
 import select
 import stat
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from castore import crashpoints
 from castore.cli import main as cli_main
 from castore.digest import hash_bytes
 from castore.layout import is_object_name
@@ -57,6 +59,34 @@ def wait_for(condition: Callable[[], object], timeout: float = 20.0, what: str =
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
         time.sleep(0.002)  # a poll interval, not a wait for the event itself
+
+
+def spawn_child(
+    children: list[subprocess.Popen[str]],
+    code: str,
+    *args: str,
+    crash: str | None = None,
+    pause: str | None = None,
+) -> subprocess.Popen[str]:
+    """A Python child running `code` with `args`, pipes for its output, armed to SIGKILL
+    itself at crash point `crash` or to stop at `pause` (castore.crashpoints; neither is
+    inherited from this process), and appended to `children` (the conftest fixture)."""
+    env = {
+        k: v for k, v in os.environ.items() if k not in (crashpoints.ENV_VAR, crashpoints.PAUSE_VAR)
+    }
+    if crash is not None:
+        env[crashpoints.ENV_VAR] = crash
+    if pause is not None:
+        env[crashpoints.PAUSE_VAR] = pause
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    children.append(proc)
+    return proc
 
 
 def wait_stopped(proc: subprocess.Popen[str], timeout: float = 30.0) -> None:

@@ -6,11 +6,10 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
-from helpers import misnamed_objects, object_files, read_line
+from helpers import misnamed_objects, object_files, read_line, spawn_child
 
 import castore
 from castore import crashpoints
@@ -58,18 +57,7 @@ def start_writer(
     crash_at: str | None = None,
     steps: int = len(PLAN.steps),
 ) -> subprocess.Popen[str]:
-    env = {k: v for k, v in os.environ.items() if k != crashpoints.ENV_VAR}
-    if crash_at is not None:
-        env[crashpoints.ENV_VAR] = crash_at
-    proc = subprocess.Popen(
-        [sys.executable, "-c", WRITER, root, TASK, str(limit), str(steps)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    children.append(proc)
-    return proc
+    return spawn_child(children, WRITER, root, TASK, str(limit), str(steps), crash=crash_at)
 
 
 def acks(lines: str) -> dict[int, str]:

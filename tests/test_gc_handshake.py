@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -17,7 +16,6 @@ import pytest
 from helpers import cli
 
 import castore
-from castore import crashpoints
 from castore.fsck import Severity, check_store
 from castore.gc import collect
 
@@ -46,19 +44,7 @@ GC = "import sys, castore.gc; castore.gc.collect(sys.argv[1], grace_s=0)"
 def spawn(
     children: list[subprocess.Popen[str]], code: str, *args: str, pause: str | None = None
 ) -> subprocess.Popen[str]:
-    env = {k: v for k, v in os.environ.items() if k not in (crashpoints.ENV_VAR,)}
-    env.pop(crashpoints.PAUSE_VAR, None)
-    if pause is not None:
-        env[crashpoints.PAUSE_VAR] = pause
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code, *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    children.append(proc)
-    return proc
+    return helpers.spawn_child(children, code, *args, pause=pause)
 
 
 def wait_stopped(proc: subprocess.Popen[str]) -> None:

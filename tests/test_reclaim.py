@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from helpers import cli
+from helpers import cli, spawn_child
 from test_gc_handshake import finish, spawn, wait_stopped
 from test_watch import Alerts
 
@@ -167,7 +166,7 @@ def test_gc_killed_while_reclaiming_leaves_what_the_next_gc_completes(
     """SIGKILL inside the reclaim: the mark is written (and maybe the slots pruned), the task
     is forgotten either way, and the next gc finishes the job."""
     blob, seq = forgotten_task(store)
-    with_crash = spawn_with_env(children, GC, str(store.root), crash=point)
+    with_crash = spawn_child(children, GC, str(store.root), crash=point)
     assert -9 == with_crash.wait(timeout=60)
     mark = sealmark.read("t", task_dir(store, "t"))
     assert mark is not None
@@ -179,23 +178,6 @@ def test_gc_killed_while_reclaiming_leaves_what_the_next_gc_completes(
     collect(store.root, grace_s=0)
     assert_reclaimed(store, "t", seq)
     assert not Path(store.objects.path(blob)).exists()
-
-
-def spawn_with_env(
-    children: list[subprocess.Popen[str]], code: str, *args: str, crash: str
-) -> subprocess.Popen[str]:
-    """A child armed to SIGKILL itself at `crash` (the first time it gets there)."""
-    env = {**os.environ, castore.crashpoints.ENV_VAR: crash}
-    env.pop(castore.crashpoints.PAUSE_VAR, None)
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code, *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    children.append(proc)
-    return proc
 
 
 FORGET = (
@@ -216,7 +198,7 @@ def test_forget_killed_at_each_commit_point(
     after it the task is forgotten, and a second forget finds the tombstone."""
     with store.start("t", PLAN) as run:
         run.commit_step("a", 1)
-    proc = spawn_with_env(children, FORGET, str(store.root), crash=point)
+    proc = spawn_child(children, FORGET, str(store.root), crash=point)
     assert -9 == proc.wait(timeout=60)
     assert forgotten == store.status("t").forgotten
     if not forgotten:

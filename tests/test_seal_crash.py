@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 
 import pytest
+from helpers import spawn_child
 from sealing import plan_of, v2_store
 
 import castore
@@ -44,18 +44,9 @@ print("exit", flush=True)
 def start_writer(
     children: list[subprocess.Popen[str]], root: str, limit: int, crash_at: str | None = None
 ) -> subprocess.Popen[str]:
-    env = {k: v for k, v in os.environ.items() if k != crashpoints.ENV_VAR}
-    if crash_at is not None:
-        env[crashpoints.ENV_VAR] = crash_at
-    proc = subprocess.Popen(
-        [sys.executable, "-c", WRITER, root, TASK, str(limit), str(EVERY), str(STEPS)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
+    return spawn_child(
+        children, WRITER, root, TASK, str(limit), str(EVERY), str(STEPS), crash=crash_at
     )
-    children.append(proc)
-    return proc
 
 
 def acks(lines: str) -> dict[int, str]:
