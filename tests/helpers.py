@@ -89,6 +89,17 @@ def spawn_child(
     return proc
 
 
+def acks(lines: str) -> dict[int, str]:
+    """seq -> id of every commit a child acknowledged ("ack SEQ ID" lines) in `lines`. A kill
+    can tear the last line mid-print: only complete lines (ending in a newline) count."""
+    found = {}
+    for line in lines.split("\n")[:-1]:
+        parts = line.split()
+        if parts and parts[0] == "ack":
+            found[int(parts[1])] = parts[2]
+    return found
+
+
 def wait_stopped(proc: subprocess.Popen[str], timeout: float = 30.0) -> None:
     """Wait (on the condition, with a deadline) until `proc` stopped itself at a pause point
     (CASTORE_PAUSE_AT); AssertionError if it ended instead."""

@@ -9,7 +9,7 @@ import subprocess
 import time
 
 import pytest
-from helpers import misnamed_objects, object_files, read_line, spawn_child
+from helpers import acks, misnamed_objects, object_files, read_line, spawn_child
 
 import castore
 from castore import crashpoints
@@ -58,17 +58,6 @@ def start_writer(
     steps: int = len(PLAN.steps),
 ) -> subprocess.Popen[str]:
     return spawn_child(children, WRITER, root, TASK, str(limit), str(steps), crash=crash_at)
-
-
-def acks(lines: str) -> dict[int, str]:
-    """seq -> id of every commit a child acknowledged in `lines`. A kill can tear the last
-    line mid-print: only complete lines (ending in a newline) are acknowledgements."""
-    found = {}
-    for line in lines.split("\n")[:-1]:
-        parts = line.split()
-        if parts and parts[0] == "ack":
-            found[int(parts[1])] = parts[2]
-    return found
 
 
 def history_ids(store: castore.Store) -> dict[int, str]:

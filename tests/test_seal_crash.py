@@ -8,7 +8,7 @@ import signal
 import subprocess
 
 import pytest
-from helpers import spawn_child
+from helpers import acks, spawn_child
 from sealing import plan_of, v2_store
 
 import castore
@@ -47,16 +47,6 @@ def start_writer(
     return spawn_child(
         children, WRITER, root, TASK, str(limit), str(EVERY), str(STEPS), crash=crash_at
     )
-
-
-def acks(lines: str) -> dict[int, str]:
-    """seq -> id of every commit acknowledged (complete lines only: a kill tears the last)."""
-    found = {}
-    for line in lines.split("\n")[:-1]:
-        parts = line.split()
-        if parts and parts[0] == "ack":
-            found[int(parts[1])] = parts[2]
-    return found
 
 
 def history_ids(store: castore.Store) -> dict[int, str]:
