@@ -281,10 +281,10 @@ def _read_in_once(dir_fd: int, name: str, limit: int) -> tuple[bytes, os.stat_re
 
 def _read_sized(path: str, fd: int, info: os.stat_result, limit: int) -> bytes:
     """All bytes of `fd`, in one read() when the size fstat gave is the size there is."""
-    try:
+    # A FileNotFoundError goes through: a network filesystem may fail the read of a file
+    # another client removed after our open, which means what a failed open means.
+    with translated(path, "reading"):
         data = os.read(fd, info.st_size + 1)  # one byte more: a file that grew shows it
-    except OSError as exc:
-        raise io_error(path, "reading", exc) from exc
     return data if len(data) == info.st_size else _read_rest(path, fd, data, limit)
 
 

@@ -254,6 +254,39 @@ def test_blob_refreshed_while_gc_decides_survives(
     assert_intact(store)
 
 
+def test_put_of_an_object_whose_read_fails_enoent_after_open_publishes_it_anew(
+    store: castore.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On GlusterFS the dedup path's read of an existing object can fail with ENOENT *after*
+    its open succeeded (another client's gc removed it in between): the put treats it as
+    gone and publishes it again, instead of failing with an I/O error (CI, stop 19)."""
+    ref = store.put_blob({"value": 9})
+    path = str(obj(store, ref.blob))
+    real_read, real_open = os.read, os.open
+    opened: dict[int, str] = {}
+    failed: list[str] = []
+
+    def open_remembering(name: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        fd = real_open(name, flags, *args, **kwargs)
+        opened[fd] = os.fsdecode(name)
+        return fd
+
+    def read_failing_once(fd: int, size: int) -> bytes:
+        if opened.get(fd) == path and not failed:
+            failed.append(path)
+            os.unlink(path)  # gc on the other client
+            raise FileNotFoundError(2, "No such file or directory")
+        return real_read(fd, size)
+
+    monkeypatch.setattr(castore.fsio.os, "open", open_remembering)
+    monkeypatch.setattr(castore.fsio.os, "read", read_failing_once)
+    again = store.put_blob({"value": 9})
+    monkeypatch.undo()
+    assert failed == [path] and again == ref
+    assert {"value": 9} == store.get_blob(ref)
+    assert_intact(store)
+
+
 def test_gc_survives_files_vanishing_as_it_lists_them(
     store: castore.Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
