@@ -8,6 +8,7 @@ from pathlib import Path
 import attrs
 import blake3
 import pytest
+from sealing import seal_often  # noqa: F401 - a fixture
 
 import castore
 from castore import Plan, Position
@@ -212,3 +213,33 @@ def test_step_key_and_digest_follow_the_documented_formulas() -> None:
     entry = b'{"args":null,"effect":true,"id":"pay"}'
     expected = blake3.blake3(b"castore-plan-step\0" + d0.encode() + b"\0" + entry).hexdigest()
     assert expected == roll_digest(d0, Step("pay", effect=True), None)
+
+
+def _sealed_agent(run: castore.Run, steps: int) -> list[object]:
+    """A loop of journaled calls and effects, the sealing thread drained after each."""
+    seen: list[object] = []
+    for i in range(steps):
+        if i % 3 == 2:
+            seen.append(run.perform(f"pay-{i}", SERVICE, lambda key: f"r-{key}"))
+        else:
+            if run.at(f"ask-{i}", args=f"{i:064x}") is Position.PENDING:
+                run.commit_step(f"ask-{i}", f"answer-{i}", args=f"{i:064x}")
+            seen.append(run.result(f"ask-{i}"))
+        if run._sealer is not None:
+            run._sealer.drain()
+    return seen
+
+
+@pytest.mark.usefixtures("seal_often")
+def test_sealed_growing_task_resumes_and_replays(store: castore.Store) -> None:
+    """A growing task sealed into packs many times over resumes and replays every position
+    from its packs (outcome index and args), then goes on."""
+    plan = Plan.grow("agent")
+    with store.start("t", plan) as run:
+        first = _sealed_agent(run, 30)
+    chain = store.verify("t")
+    assert 3 <= len(chain.outcomes.pack_refs)
+    with store.resume("t", plan) as run:
+        assert first == _sealed_agent(run, 30)
+        run.append("after", 1)
+        assert 31 == run.position
