@@ -542,6 +542,10 @@ class Run:
         if outcome.index is not None:
             self._replay.passed(outcome.index)
 
+    def carry_outcome(self, outcome: Outcome) -> None:
+        """An outcome from elsewhere than HEAD (a fork's carried ones): the cursor stays."""
+        self._outcomes.record(outcome)
+
     # -- effects (the protocol itself is in castore.protocol) --------------------------
     def next_action(self, step_id: str | None = None) -> NextAction:
         """The one next action for `step_id` (default: the frontier step), per PROTOCOL.md."""

@@ -14,6 +14,7 @@ import castore
 from castore import Plan, Position
 from castore.codec import unframe
 from castore.fastdecode import decode_canonical
+from castore.fsck import check_store
 from castore.history import illegal_changes
 from castore.plans import head_digest, roll_digest
 from castore.records import Grown, Snapshot, Step, TransitionKind
@@ -243,3 +244,107 @@ def test_sealed_growing_task_resumes_and_replays(store: castore.Store) -> None:
         assert first == _sealed_agent(run, 30)
         run.append("after", 1)
         assert 31 == run.position
+
+
+@pytest.mark.usefixtures("seal_often")
+def test_drift_at_a_sealed_position_names_the_recorded_step(store: castore.Store) -> None:
+    """The error path finds the step recorded at a position deep in the packs."""
+    plan = Plan.grow("agent")
+    with store.start("t", plan) as run:
+        _sealed_agent(run, 20)
+    with store.resume("t", plan) as run, pytest.raises(castore.ReplayDriftError) as caught:
+        run.at("something-else")
+    assert (0, "ask-0") == (caught.value.position, caught.value.recorded)
+
+
+def test_effect_kind_drift(store: castore.Store) -> None:
+    """A plain step replayed as an effect (or the reverse) is drift that says so."""
+    plan = Plan.grow("agent")
+    with store.start("t", plan) as run:
+        run.append("look", 1)
+    with store.resume("t", plan) as run, pytest.raises(castore.ReplayDriftError) as caught:
+        run.perform("look", SERVICE, lambda key: "r")
+    assert "a plain step was recorded, an effect is asked for" in str(caught.value)
+
+
+def test_cursor_past_a_pending_step_is_refused(store: castore.Store) -> None:
+    """Asking for the next step while the decided one is not done is a UsageError."""
+    with store.start("t", Plan.grow("agent")) as run:
+        run.at("a")
+        with pytest.raises(castore.UsageError, match="decided and not done"):
+            run.at("b")
+        assert run.head.grown is not None
+        assert 1 == run.head.grown.steps
+
+
+def test_finished_task_refuses_more_and_finish_repeats(store: castore.Store) -> None:
+    """After finish, a new step is refused; finish again commits nothing."""
+    plan = Plan.grow("agent")
+    with store.start("t", plan) as run:
+        run.append("a", 1)
+        head = run.finish()
+        assert head == run.finish()
+        with pytest.raises(castore.UsageError, match="finished"):
+            run.at("b")
+    with store.resume("t", plan) as run:
+        assert Position.DONE == run.at("a")
+        assert run.head_id == run.finish()
+
+
+def test_grown_past_the_limit_is_refused(
+    store: castore.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A growing plan past MAX_GROWN_STEPS is PlanTooLongError; nothing is committed."""
+    monkeypatch.setattr(castore.limits, "MAX_GROWN_STEPS", 2)
+    with store.start("t", Plan.grow("agent")) as run:
+        run.append("a", 1)
+        run.at("b")
+        run.commit_step("b", 2)
+        seq = run.head.seq
+        with pytest.raises(castore.PlanTooLongError, match="2 steps"):
+            run.append("c", 3)
+        assert seq == run.head.seq
+
+
+def test_status_and_fsck_of_growing_tasks(store: castore.Store) -> None:
+    """status tells steps decided and the plan digest; fsck finds nothing wrong."""
+    with store.start("t", Plan.grow("agent", "setup")) as run:
+        run.commit_step("setup", None)
+        run.at("pay", effect=True)
+        digest = run.plan_digest
+    status = store.status("t")
+    assert (1, digest, "pay", False) == (
+        status.decided,
+        status.plan_digest,
+        status.step,
+        status.finished,
+    )
+    assert "submit" == status.next_action
+    with store.start("fixed", Plan.build("p", "a")) as run:
+        pass
+    assert "decided" not in store.status("fixed").to_json()
+    assert [] == [f.code for f in check_store(store.root, jobs=1)]
+
+
+def test_fork_of_a_growing_task_replays_its_outcomes(store: castore.Store) -> None:
+    """A fork carries a growing task's decisions and outcomes (with their positions and
+    argument digests): it replays them as DONE and decides on; its effect gets a new key."""
+    plan = Plan.grow("agent")
+    with store.start("src", plan) as run:
+        run.at("ask", args=ARGS)
+        run.commit_step("ask", "answer", args=ARGS)
+        run.append("note", 1)
+        run.at("pay", effect=True)
+        seq = run.head.seq
+    store.fork(("src", seq), "copy")
+    with store.resume("copy", plan) as run, pytest.raises(castore.ReplayDriftError):
+        run.at("ask", args="b" * 64)  # the carried outcome has its argument digest
+    with store.resume("copy", plan) as run:
+        assert Position.DONE == run.at("ask", args=ARGS)
+        assert Position.DONE == run.at("note", args=ARGS)  # recorded without: not compared
+        record = run.head.effect("pay")
+        assert record is not None
+        assert castore.derive_step_key("copy", "pay") == record.key
+        assert "r" == run.perform("pay", SERVICE, lambda key: "r")
+        run.finish()
+    store.verify("copy")
