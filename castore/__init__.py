@@ -39,6 +39,7 @@ from castore.errors import (
     UnsafeFileError,
     UsageError,
 )
+from castore.journal import vouch
 from castore.plans import plan_id
 from castore.records import BlobRef, EffectState, Plan, Snapshot, Step, effect
 from castore.run import Run, derive_key
@@ -106,4 +107,5 @@ __all__ = [
     "plan_id",
     "tree_digest",
     "unknown",
+    "vouch",
 ]

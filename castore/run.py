@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from castore import codec, fsio, gate, guard, protocol
+from castore import codec, fsio, gate, guard, journal, protocol
 from castore.digest import hash_chunks
 from castore.effects import ChainClock, NextAction, Service
 from castore.errors import CastoreError, CommitUncertainError, ConflictError, UsageError
@@ -359,6 +359,28 @@ class Run:
 
     def record_outcome(self, outcome: Outcome) -> None:
         self._outcomes.record(outcome)
+
+    # -- journaled calls (the rules are in castore.journal) ------------------------------
+    def call(self, step_id: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """Run `fn(*args, **kwargs)` once as plain step `step_id` and record its result; a
+        replay returns the recorded result without calling `fn`. Wrap `fn` with
+        `castore.vouch(fn, "$.field")` to vouch for model output the secret guard refuses."""
+        return journal.call(self, step_id, fn, args, kwargs)
+
+    @property
+    def objects(self) -> ObjectStore:
+        """The store's objects (a journaled call puts a large result there before its commit)."""
+        return self._objects
+
+    @property
+    def allow_fields(self) -> Collection[str]:
+        """The fields this run's caller vouched for (the secret guard skips them)."""
+        return self._settings.allow_fields
+
+    @property
+    def writes_v2(self) -> bool:
+        """True in a format-2 store (raw and tree objects may be written)."""
+        return self._settings.seal_every is not None
 
     # -- effects (the protocol itself is in castore.protocol) --------------------------
     def next_action(self, step_id: str | None = None) -> NextAction:
