@@ -33,6 +33,7 @@ from castore import journal, protocol
 from castore.effects import NextAction, Service
 from castore.errors import UsageError
 from castore.records import Plan, Snapshot
+from castore.replay import Position
 from castore.run import Run
 from castore.store import Store
 
@@ -211,6 +212,18 @@ class AsyncRun:
     def stale(self) -> bool:
         return self.run.stale
 
+    @property
+    def grows(self) -> bool:
+        return self.run.grows
+
+    @property
+    def plan_digest(self) -> str:
+        return self.run.plan_digest
+
+    @property
+    def position(self) -> int:
+        return self.run.position
+
     def done(self, step_id: str) -> bool:
         return self.run.done(step_id)
 
@@ -273,10 +286,37 @@ class AsyncRun:
             return result
 
     # -- committing ----------------------------------------------------------------------
-    async def commit_step(self, step_id: str, result: Any = None) -> str:
+    async def at(self, step_id: str, *, effect: bool = False, args: str | None = None) -> Position:
+        """`Run.at`: DONE (recorded here) or PENDING (decided; a new decision of a growing
+        plan is durable before this returns)."""
+        return await self._do(
+            f"at({step_id!r})", lambda: self.run.at(step_id, effect=effect, args=args)
+        )
+
+    async def decide(self, step_id: str, *, effect: bool = False, args: str | None = None) -> None:
+        """`Run.decide`: `at` for a step that must not be done yet."""
+        await self._do(
+            f"decide({step_id!r})", lambda: self.run.decide(step_id, effect=effect, args=args)
+        )
+
+    async def append(
+        self, step_id: str, result: Any = None, *, args: str | None = None
+    ) -> str | None:
+        """`Run.append`: decide a plain step and record its result in one commit."""
+        return await self._do(
+            f"append({step_id!r})", lambda: self.run.append(step_id, result, args=args)
+        )
+
+    async def finish(self) -> str:
+        """`Run.finish`: a growing task says it is done (a FINISH commit)."""
+        return await self._do("finish", self.run.finish)
+
+    async def commit_step(
+        self, step_id: str, result: Any = None, *, args: str | None = None
+    ) -> str:
         """`Run.commit_step`, durable before this returns."""
         return await self._do(
-            f"commit_step({step_id!r})", lambda: self.run.commit_step(step_id, result)
+            f"commit_step({step_id!r})", lambda: self.run.commit_step(step_id, result, args=args)
         )
 
     async def call(self, step_id: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
@@ -381,24 +421,31 @@ class AsyncEffect:
 
     def __init__(self, arun: AsyncRun, step_id: str, service: Service, key: str | None) -> None:
         self._arun = arun
-        self._manager = protocol.effect(arun.run, step_id, service, key)
         self._step = step_id
+        self._service = service
+        self._key = key
+        self._manager: contextlib.AbstractContextManager[protocol.Call] | None = None
+
+    def _enter(self) -> tuple[contextlib.AbstractContextManager[protocol.Call], protocol.Call]:
+        # Run.effect first decides a growing plan's step (a commit) or checks its replay.
+        manager = self._arun.run.effect(self._step, self._service, key=self._key)
+        return manager, manager.__enter__()
 
     async def __aenter__(self) -> AsyncCall:
-        manager = self._manager
         self._arun.claim(f"effect({self._step!r})")
         try:
             # Cancelled after SUBMITTED was committed: unwind the manager as a failed body.
-            call = await in_thread(
+            manager, call = await in_thread(
                 self._arun.pool,
-                manager.__enter__,
-                on_cancel=lambda _: manager.__exit__(
+                self._enter,
+                on_cancel=lambda entered: entered[0].__exit__(
                     asyncio.CancelledError, asyncio.CancelledError(), None
                 ),
             )
         except BaseException:
             self._arun.release()
             raise
+        self._manager = manager
         return AsyncCall(call, self._arun.pool)
 
     async def __aexit__(
@@ -409,6 +456,7 @@ class AsyncEffect:
     ) -> bool:
         try:
             # The manager's exit only checks the block settled (no I/O): run on the loop.
+            assert self._manager is not None  # noqa: S101 - set by a successful __aenter__
             return bool(self._manager.__exit__(exc_type, exc, tb))
         finally:
             self._arun.release()

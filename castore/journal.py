@@ -25,8 +25,9 @@ import attrs
 
 from castore import codec, guard, protocol
 from castore.digest import hash_bytes
-from castore.errors import EncodingError, SecretInPayloadError, UsageError
+from castore.errors import EncodingError, ReplayDriftError, SecretInPayloadError, UsageError
 from castore.records import BlobRef
+from castore.replay import Position
 from castore.trees import RawRef, TreeRef, raw_bytes
 
 if TYPE_CHECKING:
@@ -103,7 +104,8 @@ def call_steps(
     result = yield Invoke()
     fields = fn.fields if isinstance(fn, Vouched) else ()
     stored, value = _recorded(run, step_id, result, fields)
-    run.commit_step(step_id, stored)
+    # The digest is a format-2 field: a v1 store keeps v1 bytes (no argument check there).
+    run.commit_step(step_id, stored, args=digest if run.writes_v2 else None)
     # A reference the function returned is loaded, as every replay loads it.
     return run.result(step_id) if isinstance(result, _REFS) else value
 
@@ -121,10 +123,27 @@ def call(
 
 
 def _replayed(run: Run, step_id: str, digest: str) -> bool:
-    """True if the step is done (its recorded result stands); refuse a call that cannot be
-    the next step before the function runs, so nothing is paid for in vain."""
-    del digest  # recorded once plans grow (Transition.args)
+    """True if the step is recorded (its result stands); refuse a call that cannot be the
+    next step before the function runs, so nothing is paid for in vain.
+
+    A growing plan goes through the replay cursor (`run.at`): a new step is decided,
+    durably, before the call; at a recorded position another step or other arguments are
+    drift. A fixed plan keeps its forgiving rule (a done step replays wherever the code
+    asks for it), with the same argument check when the digest was recorded."""
+    if run.grows:
+        return run.at(step_id, args=digest) is Position.DONE
     if run.done(step_id):
+        outcome = run.outcome(step_id)
+        if outcome.args not in (None, digest):
+            raise ReplayDriftError(
+                run.task_id,
+                run.plan.index(step_id),
+                step_id,
+                step_id,
+                what=f"recorded with arguments {outcome.args}, now called with {digest}",
+                recorded_args=outcome.args,
+                requested_args=digest,
+            )
         return True
     if run.next_step != step_id:
         raise UsageError(

@@ -30,6 +30,7 @@ from castore.effects import (
 from castore.errors import EffectNotReadyError, OutcomeUnknownError, UsageError
 from castore.outcomes import Outcome
 from castore.records import EffectRecord, EffectState, Transition, TransitionKind
+from castore.replay import Position
 
 if TYPE_CHECKING:
     from castore.run import Run
@@ -280,11 +281,21 @@ def perform_steps(
     the request must go out; returns the receipt. The one implementation of perform: the
     sync driver answers with `send(key)`, the async one with `await send(key)`. Closing the
     generator at its `Send` (an exception or a cancellation in the caller's send) leaves
-    the effect SUBMITTED, as it must: the request may have left."""
+    the effect SUBMITTED, as it must: the request may have left. A growing plan's effect
+    goes through the replay cursor first: decided (its key durable) before anything is
+    submitted; at a recorded position, its recorded receipt is returned, nothing sent."""
+    if replay_effect(run, step_id) is Position.DONE:
+        return run.receipt(step_id) or ""
     with effect(run, step_id, service, key) as call:
         receipt = yield Send(call.key)
         call.confirm(receipt)
     return call.receipt or ""
+
+
+def replay_effect(run: Run, step_id: str) -> Position | None:
+    """`run.at(step, effect=True)` on a growing plan (None on a fixed one, whose effects
+    are planned already): checked against the record on a replay, else decided."""
+    return run.at(step_id, effect=True) if run.grows else None
 
 
 def perform(
