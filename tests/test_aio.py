@@ -236,6 +236,79 @@ async def test_cancel_at_each_commit_then_resume(
     assert on_disk(root)[1].frontier.step is None
 
 
+GROWING = castore.Plan.grow("agent-loop")
+
+
+async def growing_flow(arun: AsyncRun, ledger: Ledger) -> str:
+    """An agent loop on a growing plan, rerun from the top after any interruption."""
+
+    async def model(prompt: str) -> str:
+        return prompt.upper()
+
+    answer = await arun.call("think", model, "pay 5")
+    receipt = await arun.perform("pay", IDEMPOTENT, ledger.send)
+    await arun.append("log", {"answer": answer, "receipt": receipt})
+    await arun.finish()
+    return receipt
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("after", [False, True], ids=["in-commit", "after-commit"])
+@pytest.mark.parametrize("nth", [1, 2, 3, 4, 5, 6, 7])
+async def test_growing_loop_cancelled_at_each_commit_then_rerun(
+    root: Path, monkeypatch: pytest.MonkeyPatch, nth: int, after: bool
+) -> None:
+    """A growing agent loop cancelled at any of its commits (decide, step, submit, confirm,
+    append, finish), rerun from the top: one payment, finished, HEAD always the store's."""
+    ledger = Ledger()
+    probe = CancelAtCommit(monkeypatch, nth, after)
+    async with AsyncStore(root) as astore:
+        arun = await astore.open_task(TASK, GROWING)
+        with pytest.raises(asyncio.CancelledError):
+            await probe.drive(growing_flow(arun, ledger))
+        assert False is probe.ended_early
+        head_id, head = on_disk(root)
+        assert head_id == arun.run.head_id
+        if ledger.sent:
+            assert pay_state(head) in (EffectState.SUBMITTED, None)
+        await arun.close(finish=False)
+        monkeypatch.undo()
+        async with await astore.resume(TASK, GROWING) as arun:
+            receipt = await growing_flow(arun, ledger)
+            assert arun.finished
+    assert {ledger.sent[0]: receipt} == ledger.applied
+
+
+@pytest.mark.asyncio
+async def test_async_replay_with_other_arguments_is_drift(root: Path) -> None:
+    """An async call replayed with other arguments at a done position is drift."""
+    async with AsyncStore(root) as astore:
+        async with await astore.open_task(TASK, GROWING) as arun:
+            await arun.call("think", lambda prompt: prompt, "a")
+        async with await astore.resume(TASK, GROWING) as arun:
+            with pytest.raises(castore.PlanDriftError, match=r"position 0"):
+                await arun.call("think", lambda prompt: prompt, "b")
+            await arun.close(finish=False)
+
+
+@pytest.mark.asyncio
+async def test_growing_effect_block_decides_then_submits(root: Path) -> None:
+    """On a growing plan `async with arun.effect(...)` decides the step (its key durable)
+    and submits it before the body runs; rerun, the done effect skips its body."""
+    ledger = Ledger()
+    async with AsyncStore(root) as astore:
+        async with await astore.open_task(TASK, GROWING) as arun:
+            async with arun.effect("pay", IDEMPOTENT) as call:
+                head = on_disk(root)[1]
+                assert ("pay", EffectState.SUBMITTED) == (head.frontier.step, pay_state(head))
+                await call.confirm(await ledger.send(call.key))
+            await arun.finish()
+        async with await astore.resume(TASK, GROWING) as arun:
+            async with arun.effect("pay", IDEMPOTENT) as again:
+                await ledger.send(again.key)
+            assert (True, 1) == (again.done, len(ledger.sent))
+
+
 @pytest.mark.asyncio
 async def test_send_that_never_returns_times_out_submitted_and_resume_reconciles(
     root: Path,

@@ -10,7 +10,7 @@ import pytest
 
 import castore
 from castore import protocol
-from castore.errors import EncodingError, SecretInPayloadError, UsageError
+from castore.errors import EncodingError, ReplayDriftError, SecretInPayloadError, UsageError
 from castore.journal import INLINE_RESULT_BYTES, args_digest
 
 TASK = "agent-1"
@@ -185,3 +185,103 @@ def test_perform_steps_yields_one_send_after_submitted(store: castore.Store) -> 
         steps.close()
         assert castore.EffectState.SUBMITTED == run.head.effects[0].state
         assert "r-1" == run.perform("send", service, lambda key: "r-1")
+
+
+# -- growing plans: the call goes through the replay cursor (run.at) ------------------------
+GROWING = castore.Plan.grow("agent-loop")
+
+
+def test_growing_call_decides_before_calling_and_replays(store: castore.Store) -> None:
+    """On a growing plan the call's step and argument digest are durable before the
+    function runs; the agent's code rerun from the top replays it without calling."""
+    seen: list[tuple[str | None, str | None]] = []
+
+    def model(prompt: str) -> dict[str, str]:
+        head = castore.Store.open(store.root).verify(TASK).head
+        seen.append((head.frontier.step, head.transition.args))
+        return {"content": prompt * 2}
+
+    with store.start(TASK, GROWING) as run:
+        assert {"content": "abab"} == run.call("think", model, "ab")
+        assert {"content": "cdcd"} == run.call("reflect", model, "cd")
+    with store.resume(TASK, GROWING) as run:
+        assert {"content": "abab"} == run.call("think", model, "ab")
+        assert {"content": "cdcd"} == run.call("reflect", model, "cd")
+        assert (2, 2) == (run.position, run.head.grown.steps if run.head.grown else None)
+    assert [("think", args_digest(("ab",), {})), ("reflect", args_digest(("cd",), {}))] == seen
+
+
+def test_growing_call_with_other_arguments_at_a_done_position_is_drift(
+    store: castore.Store,
+) -> None:
+    """A replay that calls a done position with other arguments is ReplayDriftError naming
+    both digests, and the function is not called."""
+    model = Model()
+    with store.start(TASK, GROWING) as run:
+        run.call("think", model.complete, "first prompt")
+    with store.resume(TASK, GROWING) as run, pytest.raises(castore.PlanDriftError) as caught:
+        run.call("think", model.complete, "another prompt")
+    assert ["first prompt"] == model.calls
+    assert isinstance(caught.value, ReplayDriftError)
+    expected = (0, args_digest(("first prompt",), {}), args_digest(("another prompt",), {}))
+    assert expected == (
+        caught.value.position,
+        caught.value.recorded_args,
+        caught.value.requested_args,
+    )
+
+
+def test_growing_call_of_another_step_at_a_done_position_is_drift(store: castore.Store) -> None:
+    """A replay that asks for another step where a call was recorded is drift."""
+    with store.start(TASK, GROWING) as run:
+        run.call("think", lambda: 1)
+    with store.resume(TASK, GROWING) as run, pytest.raises(ReplayDriftError, match=r"'think'"):
+        run.call("plan", lambda: 2)
+
+
+def test_growing_call_that_failed_runs_again_with_the_same_arguments(
+    store: castore.Store,
+) -> None:
+    """A call whose function raised stays decided, not done: the rerun calls it again (same
+    arguments), and other arguments there are drift."""
+    model = Model(reply=lambda prompt: {"ok": prompt})
+    with store.start(TASK, GROWING) as run:
+        with pytest.raises(ZeroDivisionError):
+            run.call("think", lambda prompt: 1 / 0, "p")
+        assert ("think", False) == (run.next_step, run.done("think"))
+    with store.resume(TASK, GROWING) as run:
+        with pytest.raises(ReplayDriftError):
+            run.call("think", model.complete, "q")
+    with store.resume(TASK, GROWING) as run:
+        assert {"ok": "p"} == run.call("think", model.complete, "p")
+    assert ["p"] == model.calls
+
+
+def test_fixed_plan_call_with_other_arguments_is_drift(store: castore.Store) -> None:
+    """On a fixed plan too (format 2 records the digest), other arguments for a done call
+    are drift."""
+    with store.start(TASK, PLAN) as run:
+        run.call("think", lambda prompt: prompt, "a")
+    with store.resume(TASK, PLAN) as run, pytest.raises(ReplayDriftError):
+        run.call("think", lambda prompt: prompt, "b")
+
+
+def test_growing_agent_loop_replays_calls_and_effects(store: castore.Store) -> None:
+    """A loop of calls and an effect on a growing plan, rerun whole after it finished,
+    calls nothing and sends nothing again."""
+    service = castore.Service("mail", idempotent=True, retention=86400)
+    model, sent = Model(), []
+
+    def agent(run: castore.Run) -> str:
+        reply = run.call("think-1", model.complete, "draft")
+        receipt = run.perform("send-1", service, lambda key: sent.append(key) or "r-1")
+        run.append("log-1", {"reply": reply, "receipt": receipt})
+        run.finish()
+        return receipt
+
+    with store.start(TASK, GROWING) as run:
+        first = agent(run)
+    with store.resume(TASK, GROWING) as run:
+        assert first == agent(run)
+        assert run.finished
+    assert (["draft"], 1) == (model.calls, len(sent))
