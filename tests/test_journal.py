@@ -249,9 +249,8 @@ def test_growing_call_that_failed_runs_again_with_the_same_arguments(
         with pytest.raises(ZeroDivisionError):
             run.call("think", lambda prompt: 1 / 0, "p")
         assert ("think", False) == (run.next_step, run.done("think"))
-    with store.resume(TASK, GROWING) as run:
-        with pytest.raises(ReplayDriftError):
-            run.call("think", model.complete, "q")
+    with store.resume(TASK, GROWING) as run, pytest.raises(ReplayDriftError):
+        run.call("think", model.complete, "q")
     with store.resume(TASK, GROWING) as run:
         assert {"ok": "p"} == run.call("think", model.complete, "p")
     assert ["p"] == model.calls
