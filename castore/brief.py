@@ -39,6 +39,8 @@ FORMAT = "castore-brief/1"
 # The most bytes a value castore does not write itself takes in the text (escaped, then cut).
 _WIDTH = {"task": 80, "name": 60, "step": 80, "key": 72, "reason": 100, "receipt": 80, "env": 100}
 _CUT = "…"
+# An optional item: the forms it may take, longest first, and its JSON fields.
+_Item = tuple[list[list[str]], dict[str, Any]]
 
 
 def estimate_tokens(text: str) -> int:
@@ -147,11 +149,11 @@ class _Composer:
         data: dict[str, Any],
         first: list[str],
         last: list[str],
-        groups: dict[str, list[tuple[list[str], dict[str, Any]]]],
+        groups: dict[str, list[_Item]],
     ) -> Brief:
         limit = self.budget * 4
-        total = sum(len(items) for items in groups.values())
-        reserve = _size([self._footer(self.budget)]) + _size([_omitted_line(total, total)])
+        counts = {name: len(items) for name, items in groups.items()}
+        reserve = _size([self._footer(self.budget)]) + _size([_omitted_line(counts)])
         used = _size(first) + _size(last) + reserve
         if used > limit:  # MIN_BUDGET and the widths make this unreachable; said if not
             raise UsageError(
@@ -161,14 +163,15 @@ class _Composer:
         chosen: dict[str, list[tuple[list[str], dict[str, Any]]]] = {}
         for name, items in groups.items():
             chosen[name] = []
-            for item in items:
-                heading = name == "recent" and not chosen[name]
-                cost = _size(item[0]) + (_size([self._recent_heading(1)]) if heading else 0)
-                if used + cost > limit:
-                    break
-                used += cost
-                chosen[name].append(item)
-        omitted = {name: len(groups[name]) - len(chosen[name]) for name in groups}
+            heading = _size([self._recent_heading(1)]) if name == "recent" else 0
+            for forms, item_data in items:
+                extra = heading if not chosen[name] else 0
+                fits = [lines for lines in forms if used + _size(lines) + extra <= limit]
+                if not fits:
+                    break  # a list shown with a hole in it would mislead: the rest is counted
+                used += _size(fits[0]) + extra
+                chosen[name].append((fits[0], item_data))
+        omitted = {name: counts[name] - len(chosen[name]) for name in groups}
         lines = list(first)
         for name in ("unresolved", "effects"):
             lines += [line for item in chosen[name] for line in item[0]]
@@ -178,14 +181,16 @@ class _Composer:
             lines += [line for item in recent for line in item[0]]
         lines += last
         if any(omitted.values()):
-            lines.append(_omitted_line(sum(omitted.values()), total))
+            lines.append(_omitted_line(omitted))
         for name in groups:
             data[name] = [item[1] for item in (recent if name == "recent" else chosen[name])]
         data["omitted"] = omitted
         data["budget"] = self.budget
         data["token_rule"] = TOKEN_RULE
-        tokens = self.budget  # the estimate names itself: settle on the one that holds
-        for _ in range(4):
+        # The estimate counts its own digits: from the budget down, each estimate is at most
+        # the one before (fewer digits, fewer bytes), so this settles on one that holds.
+        tokens = self.budget
+        while True:
             text = "\n".join([*lines, self._footer(tokens)]) + "\n"
             if estimate_tokens(text) == tokens:
                 break
@@ -262,8 +267,9 @@ class _Composer:
                 "reason": reason,
                 "line": "next: nothing, the task is finished",
             }
-        effect = head.effect(step) is not None
-        kind = "effect" if effect else "plain"
+        record = head.effect(step)
+        effect = record is not None
+        kind = f"effect {record.state.value}" if record is not None else "plain"
         line = (
             f"next: step {shown(step, _WIDTH['step'])} ({kind}, position "
             f"{head.frontier.index}) -> {action.action.value}: {reason}"
@@ -292,20 +298,25 @@ class _Composer:
             "reason": shown(action.reason, _WIDTH["reason"]),
         }
 
-    def _unresolved(self, record: EffectRecord) -> tuple[list[str], dict[str, Any]]:
+    def _unresolved(self, record: EffectRecord) -> _Item:
+        """Its commands in full if they fit, else the line that says where to find them."""
         action = effect_action(record, self.now, self.view.clock)
         data = self._effect_data(record, action)
         data["resolve"] = commands = resolve_commands(self.view.task, record.step)
-        lines = [
+        line = (
             f"UNRESOLVED effect {shown(record.step, _WIDTH['step'])}, key {data['key']}, "
-            f"age {span(data['age_ms'])}: {data['reason']}",
+            f"age {span(data['age_ms'])}: {data['reason']}"
+        )
+        full = [
+            line,
             "  a person must ask the service what became of this key, then run one of:",
             # Never cut: a cut command is not the command. Ids are bounded (FORMAT.md 8.1).
             *(f"    {command if command.isprintable() else repr(command)}" for command in commands),
         ]
-        return lines, data
+        short = [line, "  a person must ask the service, then `castore resolve` it (see --json)"]
+        return [full, short], data
 
-    def _effect(self, record: EffectRecord) -> tuple[list[str], dict[str, Any]]:
+    def _effect(self, record: EffectRecord) -> _Item:
         action = effect_action(record, self.now, self.view.clock)
         data = self._effect_data(record, action)
         line = (
@@ -314,9 +325,9 @@ class _Composer:
         )
         if record.step != self.head.frontier.step:  # the frontier's is on the `next:` line
             line += f" -> {data['action']}: {data['reason']}"
-        return [line], data
+        return [[line]], data
 
-    def _recent(self, outcome: Outcome) -> tuple[list[str], dict[str, Any]]:
+    def _recent(self, outcome: Outcome) -> _Item:
         data: dict[str, Any] = {"step": outcome.step, "seq": outcome.seq}
         where = f"castore show {shlex.quote(self.view.task)}@{outcome.seq}"
         if outcome.receipt is not None:
@@ -327,7 +338,7 @@ class _Composer:
             text = f"result stored by reference: castore show {outcome.result_ref}"
         else:
             text = self._inline(outcome.result, data, where)
-        return [f"  {shown(outcome.step, _WIDTH['step'])} (seq {outcome.seq}): {text}"], data
+        return [[f"  {shown(outcome.step, _WIDTH['step'])} (seq {outcome.seq}): {text}"]], data
 
     @staticmethod
     def _inline(result: Any, data: dict[str, Any], where: str) -> str:
@@ -357,8 +368,10 @@ def _when(time_ms: int) -> str:
         return f"{time_ms} ms after the epoch"
 
 
-def _omitted_line(count: int, total: int) -> str:
-    return f"not shown: {count} of {total} items (castore status / castore log for all)"
+def _omitted_line(omitted: dict[str, int]) -> str:
+    names = {"unresolved": "UNRESOLVED effects", "effects": "open effects", "recent": "done steps"}
+    counts = ", ".join(f"{count} {names[name]}" for name, count in omitted.items() if count)
+    return f"not shown for the budget: {counts} (castore status TASK, castore log TASK)"
 
 
 def _size(lines: list[str]) -> int:
