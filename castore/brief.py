@@ -111,7 +111,7 @@ class _Composer:
         self.budget = budget
         self.now = self.head.time_ms if now_ms is None else now_ms
         self.given_now = now_ms is not None
-        self.grows = bool(getattr(view.plan, "grows", None))
+        self.grows = view.plan.grows
 
     def compose(self) -> Brief:
         head, view = self.head, self.view
@@ -124,8 +124,7 @@ class _Composer:
             "done": head.frontier.index,
             "finished": self._finished(),
         }
-        nxt = self._next()
-        data["next"] = nxt
+        next_line, data["next"] = self._next()
         data["env"] = None if head.env is None else shown(head.env, _WIDTH["env"])
         data["as_of_ms"] = self.now
         data["as_of"] = "given" if self.given_now else "head"
@@ -133,7 +132,7 @@ class _Composer:
             self._header(),
             self._plan_line(data["plan"]),
             self._done_line(data),
-            nxt.pop("line"),
+            next_line,
         ]
         last = [f"env anchor: {data['env'] or 'none recorded'}"]
         groups = {
@@ -221,7 +220,7 @@ class _Composer:
             "digest": head_digest(head),
             "base": head.plan,
             "grows": self.grows,
-            "steps": len(plan.steps) + (grown.steps if grown is not None else 0),
+            "steps": plan.steps + (grown.steps if grown is not None else 0),
             "decided": grown.steps if grown is not None else (0 if self.grows else None),
         }
 
@@ -244,44 +243,33 @@ class _Composer:
             return _finish_recorded(head)
         return head.frontier.step is None and not head.effects
 
-    def _next(self) -> dict[str, Any]:
+    def _next(self) -> tuple[str, dict[str, Any]]:
+        """The `next:` line and its JSON: the frontier step and its one next action."""
         head = self.head
-        step = head.frontier.step
+        step, index = head.frontier.step, head.frontier.index
         transition = head.transition
         if transition.kind is TransitionKind.FORGET:
             why = shown(
                 f"forgotten at {_when(head.time_ms)} by {transition.who}: {transition.why}",
                 _WIDTH["reason"] * 2,
             )
-            return {"step": None, "action": "done", "reason": why, "line": f"next: nothing, {why}"}
+            return f"next: nothing, {why}", _next_data(None, None, index, "done", why)
         if step is None and self.grows and not self._finished():
             why = "the plan grows as the task runs: decide the next step, or finish the task"
-            return {"step": None, "action": "decide", "reason": why, "line": f"next: {why}"}
+            return f"next: {why}", _next_data(None, None, index, "decide", why)
         verified = VerifiedHead(self.view.task, head, self.view.head_id, self.view.clock)
         action = frontier_action(verified, self.now)
         reason = shown(action.reason, _WIDTH["reason"])
         if step is None:
-            return {
-                "step": None,
-                "action": action.action.value,
-                "reason": reason,
-                "line": "next: nothing, the task is finished",
-            }
+            data = _next_data(None, None, index, action.action.value, reason)
+            return "next: nothing, the task is finished", data
         record = head.effect(step)
-        effect = record is not None
         kind = f"effect {record.state.value}" if record is not None else "plain"
         line = (
-            f"next: step {shown(step, _WIDTH['step'])} ({kind}, position "
-            f"{head.frontier.index}) -> {action.action.value}: {reason}"
+            f"next: step {shown(step, _WIDTH['step'])} ({kind}, position {index}) -> "
+            f"{action.action.value}: {reason}"
         )
-        return {
-            "step": step,
-            "effect": effect,
-            "index": head.frontier.index,
-            "action": action.action.value,
-            "reason": reason,
-            "line": line,
-        }
+        return line, _next_data(step, record is not None, index, action.action.value, reason)
 
     # -- the optional items ---------------------------------------------------------------
     def _records(self, *, unresolved: bool) -> list[EffectRecord]:
@@ -305,8 +293,10 @@ class _Composer:
         data["resolve"] = commands = resolve_commands(self.view.task, record.step)
         line = (
             f"UNRESOLVED effect {shown(record.step, _WIDTH['step'])}, key {data['key']}, "
-            f"age {span(data['age_ms'])}: {data['reason']}"
+            f"age {span(data['age_ms'])}"
         )
+        if record.step != self.head.frontier.step:  # the frontier's is on the `next:` line
+            line += f": {data['reason']}"
         full = [
             line,
             "  a person must ask the service what became of this key, then run one of:",
@@ -353,6 +343,12 @@ class _Composer:
         if secret is None and not encoded.isprintable():
             why = "holds non-printable characters"
         return f"result of {data['bytes']} bytes, not shown ({why}): {where}"
+
+
+def _next_data(
+    step: str | None, effect: bool | None, index: int, action: str, reason: str
+) -> dict[str, Any]:
+    return {"step": step, "effect": effect, "index": index, "action": action, "reason": reason}
 
 
 def _finish_recorded(head: Snapshot) -> bool:

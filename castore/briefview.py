@@ -13,6 +13,8 @@ import attrs
 
 from castore.effects import ChainClock
 from castore.errors import CastoreError, ChainError, FormatVersionError, StoreIOError
+from castore.fastdecode import plan_facts
+from castore.layout import validate_object_id
 from castore.links import decode_snapshot
 from castore.objects import ObjectStore
 from castore.outcomes import Outcome, Outcomes, outcome_of
@@ -26,13 +28,26 @@ RECENT_WALK = 64  # the most tail snapshots the CLI reads back from HEAD to find
 
 
 @attrs.frozen
+class PlanFacts:
+    """What a brief says of the base plan object: its name, its steps, whether it grows."""
+
+    name: str
+    steps: int
+    grows: bool
+
+
+def facts(plan: Plan) -> PlanFacts:
+    return PlanFacts(plan.name, len(plan.steps), bool(getattr(plan, "grows", None)))
+
+
+@attrs.frozen
 class TaskView:
     """One task as a brief describes it; `recent` are the newest outcomes, newest first."""
 
     task: str
     head: Snapshot
     head_id: str
-    plan: Plan
+    plan: PlanFacts
     clock: ChainClock
     recent: tuple[Outcome, ...]
 
@@ -42,7 +57,7 @@ def view_of(
 ) -> TaskView:
     """The view of a run or a verified chain (what `Run.brief` passes)."""
     clock = clock.seen(head.seq, head.time_ms)
-    return TaskView(task, head, head_id, plan, clock, tuple(outcomes.newest(RECENT)))
+    return TaskView(task, head, head_id, facts(plan), clock, tuple(outcomes.newest(RECENT)))
 
 
 def view_of_chain(chain: VerifiedChain) -> TaskView:
@@ -63,7 +78,7 @@ def view_of_head(objects: ObjectStore, slots: TaskSlots) -> TaskView:
     chain below what was read; ChainError if what was read does not verify."""
     verified = verify_head(objects, slots)
     task, head = verified.task, verified.head
-    plan = read_plan(objects, task, head.plan)
+    plan = _plan_facts(objects, task, head.plan)
     found: dict[str, Outcome] = {}
     clock = verified.clock
     current_id, snapshot = verified.head_id, head
@@ -118,6 +133,22 @@ def _from_packs(
             found[step] = outcome
         newer.append(index)
         pack_id = pack.header.prev
+
+
+def _plan_facts(objects: ObjectStore, task: str, plan_id: str) -> PlanFacts:
+    """The facts of a plan object, hash-checked, its steps counted but not decoded (decoding
+    the records of a 100,000-step plan would cost more than all the rest of the brief)."""
+    try:
+        body = objects.get(validate_object_id(plan_id), "plan")
+    except (FormatVersionError, StoreIOError):
+        raise
+    except CastoreError as exc:
+        raise ChainError(task, f"plan {plan_id}: {exc}", object_id=plan_id) from exc
+    found = plan_facts(body)
+    if found is None:
+        # What the brief cannot describe is said as the strict reader says it.
+        return facts(read_plan(objects, task, plan_id))
+    return PlanFacts(*found)
 
 
 def _read(objects: ObjectStore, task: str, object_id: str, seq: int) -> bytes:
