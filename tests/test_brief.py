@@ -252,3 +252,19 @@ def test_cli_errors_are_one_line_with_the_documented_codes(
     code, out, err = cli(capsys, "--store", root, "brief", "broken")
     assert (3, "", 1) == (code, out, err.count("\n"))
     assert "castore: error: task 'broken'" in err
+
+
+def test_a_forgotten_task_says_who_ended_it(
+    store: castore.Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A tombstone at HEAD: the brief says forgotten, by whom and why; `--verify` refuses
+    the task as a resume would (exit 5)."""
+    with store.start("gone", _plain_plan(3)) as run:
+        _run_steps(run, range(1))
+    store.forget("gone", who="ops@example", why="customer cancelled")
+    made = store.brief("gone")
+    assert "by ops@example: customer cancelled" in made.text
+    assert "done" == made.data["next"]["action"]
+    assert not made.data["finished"]
+    code, out, err = cli(capsys, "--store", str(store.root), "brief", "gone", "--verify")
+    assert (5, "", 1) == (code, out, err.count("\n"))
