@@ -23,7 +23,8 @@ from castore.effects import NextAction, effect_action, span
 from castore.errors import UsageError
 from castore.forget import when_text
 from castore.outcomes import Outcome
-from castore.records import EffectRecord, EffectState, Snapshot, TransitionKind
+from castore.plans import head_digest
+from castore.records import EffectRecord, EffectState, TransitionKind
 from castore.status import frontier_action
 from castore.verify import VerifiedChain, VerifiedHead
 
@@ -89,12 +90,6 @@ def make_brief(
     return _Composer(source, budget_tokens, now_ms).compose()
 
 
-def head_digest(head: Snapshot) -> str:
-    """The plan digest at HEAD: the rolling digest of a growing plan, else the plan's id."""
-    grown = getattr(head, "grown", None)  # format v2 growing plans (castore.plans)
-    return str(grown.digest) if grown is not None else head.plan
-
-
 def resolve_commands(task: str, step: str) -> list[str]:
     """The two `castore resolve` commands a person chooses between for an UNRESOLVED effect."""
     where = f"castore resolve {shlex.quote(task)} {shlex.quote(step)}"
@@ -111,7 +106,7 @@ class _Composer:
         self.budget = budget
         self.now = self.head.time_ms if now_ms is None else now_ms
         self.given_now = now_ms is not None
-        self.grows = view.plan.grows
+        self.grows = self.head.grown is not None or view.plan.grows
 
     def compose(self) -> Brief:
         head, view = self.head, self.view
@@ -214,7 +209,7 @@ class _Composer:
 
     def _plan_data(self) -> dict[str, Any]:
         plan, head = self.view.plan, self.head
-        grown = getattr(head, "grown", None)
+        grown = head.grown
         return {
             "name": shown(plan.name, _WIDTH["name"]),
             "digest": head_digest(head),
@@ -239,8 +234,8 @@ class _Composer:
         head = self.head
         if head.transition.kind is TransitionKind.FORGET:
             return False
-        if self.grows:
-            return _finish_recorded(head)
+        if head.grown is not None:
+            return head.grown.finished  # FINISH committed (a seal may follow it)
         return head.frontier.step is None and not head.effects
 
     def _next(self) -> tuple[str, dict[str, Any]]:
@@ -349,11 +344,6 @@ def _next_data(
     step: str | None, effect: bool | None, index: int, action: str, reason: str
 ) -> dict[str, Any]:
     return {"step": step, "effect": effect, "index": index, "action": action, "reason": reason}
-
-
-def _finish_recorded(head: Snapshot) -> bool:
-    """A growing task is finished once FINISH is committed (only seals may follow it)."""
-    return head.frontier.step is None and head.transition.kind.value == "finish"
 
 
 def _when(time_ms: int) -> str:

@@ -14,6 +14,7 @@ from castore import brief
 from castore.effects import Service
 from castore.objects import ObjectStore
 from castore.records import Plan, Step, effect
+from castore.seal import seal_task
 from tests.helpers import cli
 
 BANK = Service("bank")  # neither idempotent nor reconcilable: an interruption is UNRESOLVED
@@ -268,3 +269,45 @@ def test_a_forgotten_task_says_who_ended_it(
     assert not made.data["finished"]
     code, out, err = cli(capsys, "--store", str(store.root), "brief", "gone", "--verify")
     assert (5, "", 1) == (code, out, err.count("\n"))
+
+
+def test_a_growing_task_briefs_its_decided_steps_next_decision_and_finish(
+    store: castore.Store,
+) -> None:
+    """A growing plan: the steps decided so far, the rolling digest at HEAD, "decide" while
+    it waits, the decided effect next, and finished only after FINISH (a seal after it too)."""
+    plan = Plan.grow("agent")
+    bank = Service("bank", idempotent=True, retention=3600)
+    with store.start("loop", plan) as run:
+        for step in ("think-1", "note-1", "think-2"):
+            run.append(step, {"said": step})
+        waiting = run.brief()
+        assert run.head.grown is not None
+        assert (
+            f"plan agent: growing, 3 steps so far (3 decided as it ran), digest "
+            f"{run.head.grown.digest}" in waiting.text
+        )
+        assert run.head.grown.digest == waiting.data["plan"]["digest"] != run.plan_id
+        assert "done: 3 steps\n" in waiting.text
+        assert "next: the plan grows as the task runs" in waiting.text
+        assert ("decide", None) == (waiting.data["next"]["action"], waiting.data["next"]["step"])
+        run.decide("charge", effect=True)
+        decided = run.brief()
+        assert "next: step charge (effect PLANNED, position 3) -> submit" in decided.text
+        assert 4 == decided.data["plan"]["decided"]
+    assert decided.text == store.brief("loop").text
+    with store.resume("loop", plan) as run:  # a restarted agent replays, then does the effect
+        for step in ("think-1", "note-1", "think-2"):
+            assert castore.Position.DONE == run.at(step)
+        run.perform("charge", bank, lambda key: f"receipt-{key[:8]}")
+        assert not run.brief().data["finished"]
+        run.finish()
+        finished = run.brief()
+    assert "done: 4 steps, finished" in finished.text
+    assert "next: nothing, the task is finished" in finished.text
+    seal_task(store, "loop")  # a SEAL after FINISH: HEAD's kind no longer says it
+    later = store.brief("loop")
+    assert "seal" == store.verify("loop").head.transition.kind.value
+    assert later.data["finished"]
+    assert ["think-1", "note-1", "think-2", "charge"] == [r["step"] for r in later.data["recent"]]
+    assert later.data["recent"][-1]["receipt"].startswith("receipt-")
