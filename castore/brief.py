@@ -268,6 +268,8 @@ class _Composer:
 
     # -- the optional items ---------------------------------------------------------------
     def _records(self, *, unresolved: bool) -> list[EffectRecord]:
+        if self.head.transition.kind is TransitionKind.FORGET:
+            return []  # the task has ended: nothing is left to do about them (log shows them)
         return [r for r in self.head.effects if (r.state is EffectState.UNRESOLVED) == unresolved]
 
     def _effect_data(self, record: EffectRecord, action: NextAction) -> dict[str, Any]:

@@ -258,12 +258,14 @@ def test_cli_errors_are_one_line_with_the_documented_codes(
 def test_a_forgotten_task_says_who_ended_it(
     store: castore.Store, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A tombstone at HEAD: the brief says forgotten, by whom and why; `--verify` refuses
-    the task as a resume would (exit 5)."""
-    with store.start("gone", _plain_plan(3)) as run:
-        _run_steps(run, range(1))
+    """A tombstone at HEAD: the brief says forgotten, by whom and why, and lists no effect
+    (nothing is left to do about them); `--verify` refuses the task as a resume would."""
+    plan = Plan.build("p", "a", effect("charge", "a"))
+    with store.start("gone", plan) as run:
+        run.commit_step("a", 1)
     store.forget("gone", who="ops@example", why="customer cancelled")
     made = store.brief("gone")
+    assert ([], []) == (made.data["effects"], made.data["unresolved"])  # its PLANNED charge
     assert "by ops@example: customer cancelled" in made.text
     assert "done" == made.data["next"]["action"]
     assert not made.data["finished"]
