@@ -59,6 +59,13 @@ def shown(text: str, width: int) -> str:
     return raw[: width - len(_CUT.encode())].decode("utf-8", "ignore") + _CUT
 
 
+def shown_value(text: str, width: int) -> str:
+    """A value castore did not write (a receipt, a reason, an anchor) as `shown`, unless it
+    looks like a credential: a field vouched for at commit is still not put in a prompt."""
+    secret = guard.secret_value(text)
+    return shown(text, width) if secret is None else f"(not shown: looks like {secret})"
+
+
 @attrs.frozen
 class Brief:
     """A task's resume brief: `text` for a model, `data` (JSON-able) for a program, and the
@@ -120,7 +127,7 @@ class _Composer:
             "finished": self._finished(),
         }
         next_line, data["next"] = self._next()
-        data["env"] = None if head.env is None else shown(head.env, _WIDTH["env"])
+        data["env"] = None if head.env is None else shown_value(head.env, _WIDTH["env"])
         data["as_of_ms"] = self.now
         data["as_of"] = "given" if self.given_now else "head"
         first = [
@@ -211,7 +218,7 @@ class _Composer:
         plan, head = self.view.plan, self.head
         grown = head.grown
         return {
-            "name": shown(plan.name, _WIDTH["name"]),
+            "name": shown_value(plan.name, _WIDTH["name"]),
             "digest": head_digest(head),
             "base": head.plan,
             "grows": self.grows,
@@ -244,7 +251,7 @@ class _Composer:
         step, index = head.frontier.step, head.frontier.index
         transition = head.transition
         if transition.kind is TransitionKind.FORGET:
-            why = shown(
+            why = shown_value(
                 f"forgotten at {_when(head.time_ms)} by {transition.who}: {transition.why}",
                 _WIDTH["reason"] * 2,
             )
@@ -254,7 +261,7 @@ class _Composer:
             return f"next: {why}", _next_data(None, None, index, "decide", why)
         verified = VerifiedHead(self.view.task, head, self.view.head_id, self.view.clock)
         action = frontier_action(verified, self.now)
-        reason = shown(action.reason, _WIDTH["reason"])
+        reason = shown_value(action.reason, _WIDTH["reason"])
         if step is None:
             data = _next_data(None, None, index, action.action.value, reason)
             return "next: nothing, the task is finished", data
@@ -276,11 +283,11 @@ class _Composer:
         return {
             "step": record.step,
             "state": record.state.value,
-            "key": None if record.key is None else shown(record.key, _WIDTH["key"]),
+            "key": None if record.key is None else shown_value(record.key, _WIDTH["key"]),
             "age_ms": max(0, self.now - record.since_ms),
             "attempts": record.attempts,
             "action": action.action.value,
-            "reason": shown(action.reason, _WIDTH["reason"]),
+            "reason": shown_value(action.reason, _WIDTH["reason"]),
         }
 
     def _unresolved(self, record: EffectRecord) -> _Item:
@@ -318,7 +325,7 @@ class _Composer:
         data: dict[str, Any] = {"step": outcome.step, "seq": outcome.seq}
         where = f"castore show {shlex.quote(self.view.task)}@{outcome.seq}"
         if outcome.receipt is not None:
-            data["receipt"] = shown(outcome.receipt, _WIDTH["receipt"])
+            data["receipt"] = shown_value(outcome.receipt, _WIDTH["receipt"])
             text = f"receipt {data['receipt']}"
         elif outcome.result_ref is not None:
             data["ref"] = outcome.result_ref

@@ -163,11 +163,11 @@ def test_a_small_budget_drops_items_and_says_so(store: castore.Store) -> None:
 
 
 def test_hostile_results_break_neither_budget_nor_lines(store: castore.Store) -> None:
-    """Control characters, a line separator, a vouched credential and a huge blob result: each
-    is escaped, withheld or referenced; the brief keeps its lines and its budget."""
+    """Control characters, a line separator, vouched credentials (a result, the anchor) and a
+    huge blob result: each is escaped, withheld or referenced; lines and budget hold."""
     plan = _plain_plan(4)
-    allow = ["$.transition.result"]
-    with store.start("hostile", plan, allow_fields=allow) as run:
+    allow = ["$.transition.result", "$.env"]
+    with store.start("hostile", plan, allow_fields=allow, env=f"host {AWS_KEY}") as run:
         run.commit_step("s0", "red\x1b[31m\nforged line\u2028")
         run.commit_step("s1", {"token": AWS_KEY})
         run.commit_step("s2", store.put_blob("x" * 1_000_000))
@@ -182,6 +182,7 @@ def test_hostile_results_break_neither_budget_nor_lines(store: castore.Store) ->
         assert all(line.isprintable() for line in text.splitlines())
     assert "forged line" not in [line.strip() for line in full.text.splitlines()]
     assert "looks like an AWS access key id" in full.text
+    assert "env anchor: (not shown: looks like an AWS access key id)" in full.text
     assert "castore show hostile@4" in full.text  # the 10,000-byte inline result, by place
     assert "result stored by reference: castore show " in full.text
 
