@@ -11,6 +11,7 @@ not-found until the run records it (in the tail).
 from __future__ import annotations
 
 import contextlib
+import heapq
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -66,6 +67,14 @@ def outcome_of(snapshot: Snapshot) -> Outcome | None:
             index=index,
         )
     return Outcome(step, snapshot.seq, receipt=transition.receipt, index=index)
+
+
+def _by_seq(outcome: Outcome) -> int:
+    return outcome.seq
+
+
+def _by_value(item: tuple[str, int]) -> int:
+    return item[1]
 
 
 @attrs.frozen
@@ -148,6 +157,22 @@ class Outcomes(Mapping[str, Outcome]):
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
+
+    def newest(self, count: int) -> list[Outcome]:
+        """The `count` newest outcomes of distinct steps, newest first: the tail's, then the
+        newest packs' (at most `count` packs read, so the cost never grows with the history)."""
+        found = {o.step: o for o in heapq.nlargest(count, self._tail.values(), key=_by_seq)}
+        newer: list[dict[str, int]] = []  # a step a newer pack holds has its newest outcome there
+        for pack in self._packs[:count]:
+            if len(found) >= count:
+                break
+            index = self._index(pack)
+            for step, seq in heapq.nlargest(count, index.items(), key=_by_value):
+                if len(found) >= count or step in self._tail or any(step in n for n in newer):
+                    continue
+                found[step] = self._load(pack, step, seq)
+            newer.append(index)
+        return sorted(found.values(), key=_by_seq, reverse=True)
 
     @contextlib.contextmanager
     def _reading(self, pack: PackRef) -> Iterator[None]:

@@ -52,6 +52,7 @@ from castore.trees import load_result, parts_reached, stored_result
 from castore.verify import VerifiedChain, mark_through
 
 if TYPE_CHECKING:
+    from castore.brief import Brief
     from castore.protocol import Call
 
 EnvSource = str | Callable[[], str | None] | None
@@ -567,6 +568,20 @@ class Run:
     def writes_v2(self) -> bool:
         """True in a format-2 store (raw and tree objects may be written)."""
         return self._settings.seal_every is not None
+
+    def brief(self, *, budget_tokens: int = 512, now_ms: int | None = None) -> Brief:
+        """The resume brief of this task (castore.brief.make_brief), from what the run holds."""
+        from castore import brief, briefview  # noqa: PLC0415 - brief reads status, which imports run
+
+        view = briefview.view_of(
+            self.task_id,
+            self.head,
+            self.head_id,
+            self.plan,
+            clock=self.chain_clock,
+            outcomes=self._outcomes,
+        )
+        return brief.make_brief(view, budget_tokens=budget_tokens, now_ms=now_ms)
 
     # -- effects (the protocol itself is in castore.protocol) --------------------------
     def next_action(self, step_id: str | None = None) -> NextAction:

@@ -8,7 +8,19 @@ import os
 from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
-from castore import codec, forget, fork, fsio, gate, resolution, status, storeinit, trees
+from castore import (
+    brief,
+    briefview,
+    codec,
+    forget,
+    fork,
+    fsio,
+    gate,
+    resolution,
+    status,
+    storeinit,
+    trees,
+)
 from castore.digest import hash_bytes
 from castore.errors import (
     ConflictError,
@@ -336,6 +348,24 @@ class Store:
         except (IntegrityError, FormatVersionError) as exc:  # a planted file included
             return status.broken(task_id, exc)
         return status.describe(head, self._clock())
+
+    def brief(
+        self,
+        task_id: str,
+        *,
+        budget_tokens: int = brief.DEFAULT_BUDGET,
+        now_ms: int | None = None,
+        verify: bool = False,
+    ) -> brief.Brief:
+        """The resume brief of task `task_id` (castore.brief): HEAD checked as `status`
+        checks it and the few newest outcomes read back from it, never the whole history;
+        `verify=True` verifies the whole chain first, as a resume does."""
+        slots = self._slots(task_id)
+        if verify:
+            view = briefview.view_of_chain(self._verify_live(slots))
+        else:
+            view = briefview.view_of_head(self.objects, slots)
+        return brief.make_brief(view, budget_tokens=budget_tokens, now_ms=now_ms)
 
     def _decision_run(
         self, task_id: str, *, keep_env: bool, env: EnvSource = None, seal: bool = False

@@ -6,6 +6,7 @@ import argparse
 from collections.abc import Callable
 
 from castore.cli import (
+    brief,
     create,
     decide,
     demo,
@@ -23,6 +24,7 @@ Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], No
 REGISTRARS: list[Registrar] = [
     create.register,
     overview.register,
+    brief.register,
     inspect.register,
     decide.register,
     ending.register,

@@ -1,0 +1,75 @@
+"""`castore brief`: the compact, deterministic description a resuming model reads to continue
+a task (castore.brief), within a token budget."""
+
+from __future__ import annotations
+
+import argparse
+
+from castore import brief
+from castore.cli import EXIT_OK, emit_json, open_store
+from castore.run import wall_clock_ms
+
+
+def budget(text: str) -> int:
+    """A token budget: a whole number of at least brief.MIN_BUDGET."""
+    try:
+        tokens = int(text)
+    except ValueError:
+        tokens = 0
+    if tokens < brief.MIN_BUDGET:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: a budget is a whole number of tokens, at least {brief.MIN_BUDGET}"
+        )
+    return tokens
+
+
+def now(text: str) -> int:
+    """`wall` (this host's clock, read once) or milliseconds since the epoch."""
+    if text == "wall":
+        return wall_clock_ms()
+    if text.isascii() and text.isdigit() and len(text) <= 16:
+        return int(text)
+    raise argparse.ArgumentTypeError(
+        f"{text!r}: give milliseconds since the epoch (as `castore log --json` shows time_ms) "
+        "or `wall` for this host's clock"
+    )
+
+
+def cmd_brief(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    made = store.brief(args.task, budget_tokens=args.budget, now_ms=args.now, verify=args.verify)
+    if args.json:
+        emit_json(made.data)
+    else:
+        print(made.text, end="")
+    return EXIT_OK
+
+
+def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = verbs.add_parser(
+        "brief", help="what a resuming model reads to continue a task, within a token budget"
+    )
+    parser.add_argument("task", metavar="TASK")
+    parser.add_argument(
+        "--budget",
+        type=budget,
+        default=brief.DEFAULT_BUDGET,
+        metavar="TOKENS",
+        help=f"at most this many tokens, estimated as {brief.TOKEN_RULE} "
+        f"(default {brief.DEFAULT_BUDGET}, at least {brief.MIN_BUDGET})",
+    )
+    parser.add_argument(
+        "--now",
+        type=now,
+        default=None,
+        metavar="MS|wall",
+        help="count ages to this time (default: HEAD's own time, so the same state always "
+        "gives the same bytes)",
+    )
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="verify the whole chain first, as a resume does (default: HEAD and the tail read)",
+    )
+    parser.add_argument("--json", action="store_true", help="the brief's fields as one JSON object")
+    parser.set_defaults(handler=cmd_brief)
