@@ -143,6 +143,16 @@ def test_judge_catches_a_doctored_bill_ledger_and_answer(tmp_path: Path) -> None
     assert 1 == lab.tally.differ
 
 
+def test_an_agent_that_asks_before_the_journal_is_caught_rebilling(tmp_path: Path) -> None:
+    """A broken agent that calls the model before castore answers from the journal pays again
+    for committed calls: the campaign reports rebilled > 0 from the model's bill."""
+    lab = run_campaign(tmp_path, 3, AgentSettings("idempotent", SEED, pay_first=True))
+    assert lab.tally.restarts > 0
+    assert lab.tally.rebilled > 0, lab.tally
+    assert False is lab.tally.ok
+    assert 0 == lab.tally.differ
+
+
 def test_agent_campaign_tool_ends_with_the_issue_line(tmp_path: Path) -> None:
     """tools/agent_campaign.py's last line is `agent runs= kills= duplicates= rebilled=
     inflight_repeats= differ= unresolved=` and it exits 0."""

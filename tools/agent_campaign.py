@@ -39,11 +39,20 @@ def main() -> int:
     parser.add_argument(
         "--latency-ms", type=float, default=2.0, help="how long the fake model takes to answer"
     )
+    parser.add_argument(
+        "--pay-first",
+        action="store_true",
+        help="a broken agent that asks the model before the journal: shows re-bills caught",
+    )
     parser.add_argument("--keep", metavar="DIR", help="keep the stores, bill and ledger in DIR")
     args = parser.parse_args()
     workdir = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="castore-agent-"))
     settings = AgentSettings(
-        args.mode, args.seed, use_async=args.use_async, latency_ms=args.latency_ms
+        args.mode,
+        args.seed,
+        use_async=args.use_async,
+        latency_ms=args.latency_ms,
+        pay_first=args.pay_first,
     )
     started = time.monotonic()
     try:

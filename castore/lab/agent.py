@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import sys
 from collections.abc import Callable
@@ -75,18 +76,32 @@ def sender(client: ServiceClient, op: str, args: dict[str, Any]) -> Callable[[st
     return send
 
 
+def _given(reply: Reply, *_: object) -> Reply:
+    return reply
+
+
 def run_agent(
     run: castore.Run,
     model: FakeModel,
     client: ServiceClient,
     declared: dict[str, castore.Service],
+    *,
+    pay_first: bool = False,
 ) -> dict[str, Any]:
-    """Drive the loop to its answer; every position already recorded is replayed, not redone."""
+    """Drive the loop to its answer; every position already recorded is replayed, not redone.
+
+    `pay_first` makes a broken agent that asks the model before castore can answer from the
+    journal, so every replay pays again: it exists to prove the campaign catches re-billed
+    calls. Never do this."""
     messages = prompt(run.task_id)
     think = thinker(model)
     for turn in range(MAX_TURNS):
         step = think_step(turn)
-        reply = run.call(step, think, run.task_id, step, messages)
+        if pay_first:
+            paid = think(run.task_id, step, messages)
+            reply = run.call(step, functools.partial(_given, paid), run.task_id, step, messages)
+        else:
+            reply = run.call(step, think, run.task_id, step, messages)
         crashpoints.reach("agent.thought")
         messages.append({"role": "assistant", "content": reply})
         if "answer" in reply:
@@ -113,10 +128,12 @@ def run_task(
     model: FakeModel,
     client: ServiceClient,
     declared: dict[str, castore.Service],
+    *,
+    pay_first: bool = False,
 ) -> dict[str, Any]:
     """Open (or resume) `task` and run the agent to its answer."""
     with store.open_task(task, PLAN) as run:
-        return run_agent(run, model, client, declared)
+        return run_agent(run, model, client, declared, pay_first=pay_first)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -129,6 +146,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--model-log", required=True, help="the fake model's bill (JSON lines)")
     parser.add_argument("--latency-ms", type=float, default=0.0, help="the model's answer time")
     parser.add_argument("--async", dest="use_async", action="store_true", help="asyncio agent")
+    parser.add_argument("--pay-first", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -145,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
 
             answer = asyncio.run(agent_async.run_task(store, args.task, model, client, declared))
         else:
-            answer = run_task(store, args.task, model, client, declared)
+            answer = run_task(store, args.task, model, client, declared, pay_first=args.pay_first)
         print(json.dumps({"answer": answer}, sort_keys=True), flush=True)
     except castore.OutcomeUnknownError as exc:
         print(f"unresolved: {exc.step} {exc.key}", flush=True)

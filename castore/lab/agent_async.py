@@ -81,6 +81,5 @@ async def run_task(
     declared: dict[str, castore.Service],
 ) -> dict[str, Any]:
     """Open (or resume) `task` on an AsyncStore and run the agent to its answer."""
-    astore = AsyncStore(store)
-    async with await astore.open_task(task, PLAN) as arun:
+    async with AsyncStore(store) as astore, await astore.open_task(task, PLAN) as arun:
         return await run_agent(arun, model, client, declared)

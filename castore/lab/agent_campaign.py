@@ -23,6 +23,7 @@ from castore.lab.agent_judge import Attempt
 from castore.lab.campaign import finish, resolve_from_ledger, spawn, wait_ready
 from castore.lab.fakemodel import FakeModel, read_model_log
 from castore.lab.service import ServiceProcess, read_ledger, start_service
+from castore.outcomes import Outcome
 
 MAX_ATTEMPTS = 400
 Say = Callable[[str], None]
@@ -52,6 +53,7 @@ class AgentSettings:
     point_share: float = 0.4
     fault_share: float = 0.1
     latency_ms: float = 2.0
+    pay_first: bool = False  # a broken agent, to show the judge catching re-billed calls
 
 
 @attrs.define
@@ -135,6 +137,8 @@ class Lab:
             "--latency-ms",
             str(self.settings.latency_ms),
         ]
+        if self.settings.pay_first:
+            argv.append("--pay-first")
         return [*argv, "--async"] if self.settings.use_async else argv
 
 
@@ -223,7 +227,7 @@ def check_task(
         tally.corrupt += 1
         tally.problems.append(f"{task}: {exc}")
         return
-    answer = chain.outcomes["answer"].result if "answer" in chain.outcomes else None
+    answer = recorded(lab, chain.outcomes.get("answer"))
     if answer != expected:
         tally.differ += 1
         tally.problems.append(f"{task}: answer {answer} differs from the reference {expected}")
@@ -235,6 +239,13 @@ def check_task(
         if outcome.receipt not in applied:
             tally.lost += 1
             tally.problems.append(f"{task}: {step} receipt {outcome.receipt} not in the ledger")
+
+
+def recorded(lab: Lab, outcome: Outcome | None) -> Any:
+    """A step's recorded result, from its blob when it was stored by reference."""
+    if outcome is None or outcome.result_ref is None:
+        return None if outcome is None else outcome.result
+    return castore.Store.open(lab.store_path).get_blob(outcome.result_ref)
 
 
 def judge(lab: Lab) -> None:
