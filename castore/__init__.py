@@ -42,6 +42,7 @@ from castore.errors import (
     UnsafeFileError,
     UsageError,
 )
+from castore.journal import vouch
 from castore.plans import head_digest, plan_id
 from castore.records import BlobRef, EffectState, Grown, Plan, Snapshot, Step, effect
 from castore.replay import Position
@@ -117,4 +118,5 @@ __all__ = [
     "plan_id",
     "tree_digest",
     "unknown",
+    "vouch",
 ]

@@ -9,8 +9,10 @@ reconciled on the next resume, unless the caller says the failure is definitive.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Generator, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+import attrs
 
 from castore import crashpoints, gate
 from castore.effects import (
@@ -28,11 +30,14 @@ from castore.effects import (
 from castore.errors import EffectNotReadyError, OutcomeUnknownError, UsageError
 from castore.outcomes import Outcome
 from castore.records import EffectRecord, EffectState, Transition, TransitionKind
+from castore.replay import Position
 
 if TYPE_CHECKING:
     from castore.run import Run
 
 _SENDABLE = (Action.SUBMIT, Action.RESUBMIT)
+R = TypeVar("R")
+T = TypeVar("T")
 
 
 def next_action(run: Run, step_id: str | None) -> NextAction:
@@ -261,10 +266,56 @@ def settle(run: Run, service: Service) -> NextAction:
     return action
 
 
+@attrs.frozen
+class Send:
+    """The perform generator's request: send the request to the service with `key` and
+    send the receipt back in (the caller's send is the one thing castore does not run)."""
+
+    key: str
+
+
+def perform_steps(
+    run: Run, step_id: str, service: Service, key: str | None
+) -> Generator[Send, str, str]:
+    """Drive one effect to CONFIRMED per the next-action table, yielding one `Send` where
+    the request must go out; returns the receipt. The one implementation of perform: the
+    sync driver answers with `send(key)`, the async one with `await send(key)`. Closing the
+    generator at its `Send` (an exception or a cancellation in the caller's send) leaves
+    the effect SUBMITTED, as it must: the request may have left. A growing plan's effect
+    goes through the replay cursor first: decided (its key durable) before anything is
+    submitted; at a recorded position, its recorded receipt is returned, nothing sent."""
+    if replay_effect(run, step_id) is Position.DONE:
+        return run.receipt(step_id) or ""
+    with effect(run, step_id, service, key) as call:
+        receipt = yield Send(call.key)
+        call.confirm(receipt)
+    return call.receipt or ""
+
+
+def replay_effect(run: Run, step_id: str) -> Position | None:
+    """`run.at(step, effect=True)` on a growing plan (None on a fixed one, whose effects
+    are planned already): checked against the record on a replay, else decided."""
+    return run.at(step_id, effect=True) if run.grows else None
+
+
 def perform(
     run: Run, step_id: str, service: Service, send: Callable[[str], str], key: str | None
 ) -> str:
     """Drive one effect to CONFIRMED per the next-action table; returns its receipt."""
-    with effect(run, step_id, service, key) as call:
-        call.confirm(send(call.key))
-    return call.receipt or ""
+    return drive(perform_steps(run, step_id, service, key), lambda request: send(request.key))
+
+
+def drive(steps: Generator[R, Any, T], answer: Callable[[R], Any]) -> T:
+    """Run a step generator to its end, answering each request with `answer`; a failure in
+    `answer` closes the generator (its `finally` and context managers run) and propagates."""
+    try:
+        request = next(steps)
+        while True:
+            try:
+                reply = answer(request)
+            except BaseException:
+                steps.close()
+                raise
+            request = steps.send(reply)
+    except StopIteration as stop:
+        return cast("T", stop.value)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from castore import codec, fsio, gate, guard, limits, protocol
+from castore import codec, fsio, gate, guard, journal, limits, protocol
 from castore.digest import hash_bytes, hash_chunks
 from castore.effects import ChainClock, NextAction, Service
 from castore.errors import (
@@ -542,6 +542,28 @@ class Run:
         if outcome.index is not None:
             self._replay.passed(outcome.index)
 
+    # -- journaled calls (the rules are in castore.journal) ------------------------------
+    def call(self, step_id: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """Run `fn(*args, **kwargs)` once as plain step `step_id` and record its result; a
+        replay returns the recorded result without calling `fn`. Wrap `fn` with
+        `castore.vouch(fn, "$.field")` to vouch for model output the secret guard refuses."""
+        return journal.call(self, step_id, fn, args, kwargs)
+
+    @property
+    def objects(self) -> ObjectStore:
+        """The store's objects (a journaled call puts a large result there before its commit)."""
+        return self._objects
+
+    @property
+    def allow_fields(self) -> Collection[str]:
+        """The fields this run's caller vouched for (the secret guard skips them)."""
+        return self._settings.allow_fields
+
+    @property
+    def writes_v2(self) -> bool:
+        """True in a format-2 store (raw and tree objects may be written)."""
+        return self._settings.seal_every is not None
+
     # -- effects (the protocol itself is in castore.protocol) --------------------------
     def next_action(self, step_id: str | None = None) -> NextAction:
         """The one next action for `step_id` (default: the frontier step), per PROTOCOL.md."""
@@ -552,7 +574,7 @@ class Run:
     ) -> AbstractContextManager[Call]:
         """Submit effect `step_id`: SUBMITTED is durable before the body runs; the body
         sends the request with `call.key` and ends with `call.confirm(receipt)`."""
-        self._replay_effect(step_id)
+        protocol.replay_effect(self, step_id)
         return protocol.effect(self, step_id, service, key)
 
     def perform(
@@ -560,14 +582,7 @@ class Run:
     ) -> str:
         """Drive effect `step_id` to CONFIRMED whatever its state: submit, resubmit, reconcile
         or mark it unresolved, per the next-action table. Returns the receipt."""
-        if self._replay_effect(step_id) is Position.DONE:
-            return self.receipt(step_id) or ""
         return protocol.perform(self, step_id, service, send, key)
-
-    def _replay_effect(self, step_id: str) -> Position | None:
-        """A growing plan's effect goes through the cursor: decided (its key durable) before
-        anything is submitted, checked against the record on a replay."""
-        return self.at(step_id, effect=True) if self.grows else None
 
     def reconcile(self, step_id: str, service: Service) -> NextAction:
         """Ask the service by key what happened to an in-flight effect, and commit the answer."""

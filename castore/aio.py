@@ -1,0 +1,462 @@
+"""asyncio API: the sync store and run, driven from an event loop without blocking it.
+
+Every blocking step (reads, writes, fsyncs, the commit point) runs in a thread pool the
+`AsyncStore` owns, so one loop can drive many agents, each committing to its own task at
+the same time. The protocol and the journaled call are the sync generators of
+castore.protocol and castore.journal; this module only drives them (one implementation).
+
+Cancellation: a commit already in its thread is never abandoned half way; the awaiting
+coroutine waits for it to end, so the run's HEAD is what the store holds, then
+`CancelledError` is raised. A commit not yet started is dropped (nothing happened). A
+cancellation during the caller's send leaves the effect SUBMITTED (it was committed before
+the send): the next resume reconciles it. Timeouts are the caller's (`asyncio.wait_for`).
+
+One run has one driver: a second coroutine or thread that calls into a run while a call is
+in progress gets a UsageError (two runs of one task are refused by the task lock as ever).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import importlib
+import inspect
+import os
+import threading
+from collections.abc import Awaitable, Callable, Generator, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from types import TracebackType
+from typing import Any, TypeVar
+
+from castore import journal, protocol
+from castore.effects import NextAction, Service
+from castore.errors import UsageError
+from castore.records import Plan, Snapshot
+from castore.replay import Position
+from castore.run import Run
+from castore.store import Store
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+# Threads wait on fsync far more than they compute: many agents need many threads, not cores.
+DEFAULT_WORKERS = 64
+
+
+async def in_thread(
+    pool: ThreadPoolExecutor, fn: Callable[[], T], on_cancel: Callable[[T], object] | None = None
+) -> T:
+    """`fn()` in the pool, awaited. Cancelled while it runs: wait for it to end (a commit is
+    not abandoned half way), hand its result to `on_cancel` (to release what it took), then
+    raise CancelledError. Cancelled before it starts: it never runs."""
+    job: Future[T] = pool.submit(fn)
+    waiter = asyncio.wrap_future(job)
+    try:
+        return await asyncio.shield(waiter)
+    except asyncio.CancelledError:
+        if job.cancel():
+            raise  # still queued: nothing happened
+        while not waiter.done():
+            # A second cancel changes nothing: the commit must end before the state is known.
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait([waiter])
+        failure = job.exception()
+        if failure is None and on_cancel is not None:
+            on_cancel(job.result())
+        raise
+
+
+async def _answered(
+    pool: ThreadPoolExecutor, fn: Callable[..., Any], *args: Any, **kwargs: Any
+) -> Any:
+    """The caller's function: awaited on the loop if async, else in the pool (a sync SDK
+    call blocks); a sync function that returns an awaitable has it awaited."""
+    if journal.is_async(fn):
+        return await fn(*args, **kwargs)
+    result = await asyncio.wrap_future(pool.submit(fn, *args, **kwargs))
+    return await result if inspect.isawaitable(result) else result
+
+
+def _advance(steps: Generator[Any, Any, Any], reply: Any, first: bool) -> tuple[bool, Any]:
+    """One step of a step generator: (False, its next request) or (True, its result)."""
+    try:
+        return False, next(steps) if first else steps.send(reply)
+    except StopIteration as stop:
+        return True, stop.value
+
+
+class AsyncStore:
+    """A castore store for asyncio code: `await astore.open_task(task, plan)` -> AsyncRun.
+
+    `store_or_path`: a Store, or the path of one (opened in the pool on first use; pass
+    `Store.open` options as keywords). `max_workers`: the size of the pool that runs every
+    blocking step; an agent uses one thread while it commits."""
+
+    def __init__(
+        self,
+        store_or_path: Store | str | os.PathLike[str],
+        *,
+        max_workers: int = DEFAULT_WORKERS,
+        **open_options: Any,
+    ) -> None:
+        self._store = store_or_path if isinstance(store_or_path, Store) else None
+        self._path = None if isinstance(store_or_path, Store) else store_or_path
+        self._open_options = open_options
+        self._opening = threading.Lock()
+        self.pool = ThreadPoolExecutor(max_workers, thread_name_prefix="castore-aio")
+
+    def _opened(self) -> Store:
+        with self._opening:
+            store = self._store
+            if store is None:
+                assert self._path is not None  # noqa: S101 - one of the two is always set
+                store = self._store = Store.open(self._path, **self._open_options)
+            return store
+
+    async def store(self) -> Store:
+        """The sync Store underneath (opened in the pool the first time)."""
+        if self._store is not None:
+            return self._store
+        return await in_thread(self.pool, self._opened)
+
+    async def _run(self, verb: str, task_id: str, plan: Plan, options: dict[str, Any]) -> AsyncRun:
+        store = await self.store()
+        method: Callable[..., Run] = getattr(store, verb)
+        # Cancelled while it opens: the run it made holds the task lock, released here.
+        run = await in_thread(
+            self.pool,
+            functools.partial(method, task_id, plan, **options),
+            on_cancel=lambda opened: opened.close(finish=False),
+        )
+        return AsyncRun(run, self.pool)
+
+    async def start(self, task_id: str, plan: Plan, **options: Any) -> AsyncRun:
+        """`Store.start`: create the task; TaskExistsError if it exists."""
+        return await self._run("start", task_id, plan, options)
+
+    async def resume(self, task_id: str, plan: Plan, **options: Any) -> AsyncRun:
+        """`Store.resume`: verify the task and pass the gate."""
+        return await self._run("resume", task_id, plan, options)
+
+    async def open_task(self, task_id: str, plan: Plan, **options: Any) -> AsyncRun:
+        """`Store.open_task`: start the task, or resume it if it exists."""
+        return await self._run("open_task", task_id, plan, options)
+
+    async def resolve(self, task_id: str, step_id: str, **decision: Any) -> str:
+        """`Store.resolve`: a person's decision on an in-flight effect."""
+        store = await self.store()
+        return await in_thread(
+            self.pool, functools.partial(store.resolve, task_id, step_id, **decision)
+        )
+
+    async def brief(self, task_id: str, **options: Any) -> Any:
+        """The resume brief of a task (castore.brief.make_brief of its verified chain)."""
+        store = await self.store()
+        make_brief = _brief_maker()
+        return await in_thread(self.pool, lambda: make_brief(store.verify(task_id), **options))
+
+    async def close(self) -> None:
+        """Stop taking work; blocking steps already started end in their threads."""
+        self.pool.shutdown(wait=False)
+
+    async def __aenter__(self) -> AsyncStore:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+def _brief_maker() -> Callable[..., Any]:
+    try:
+        module = importlib.import_module("castore.brief")
+    except ImportError as exc:
+        raise UsageError("this castore has no resume brief (castore.brief)") from exc
+    maker: Callable[..., Any] = module.make_brief
+    return maker
+
+
+class AsyncRun:
+    """A run driven from asyncio: each method awaits the sync Run's, in the store's pool.
+    `run` is the sync Run (its reading properties are safe to use between awaits)."""
+
+    def __init__(self, run: Run, pool: ThreadPoolExecutor) -> None:
+        self.run = run
+        self.pool = pool
+        self._busy = threading.Lock()
+        self._doing: str | None = None
+
+    # -- reading (in memory: no I/O) -----------------------------------------------------
+    @property
+    def task_id(self) -> str:
+        return self.run.task_id
+
+    @property
+    def head(self) -> Snapshot:
+        return self.run.head
+
+    @property
+    def next_step(self) -> str | None:
+        return self.run.next_step
+
+    @property
+    def finished(self) -> bool:
+        return self.run.finished
+
+    @property
+    def stale(self) -> bool:
+        return self.run.stale
+
+    @property
+    def grows(self) -> bool:
+        return self.run.grows
+
+    @property
+    def plan_digest(self) -> str:
+        return self.run.plan_digest
+
+    @property
+    def position(self) -> int:
+        return self.run.position
+
+    def done(self, step_id: str) -> bool:
+        return self.run.done(step_id)
+
+    def receipt(self, step_id: str) -> str | None:
+        return self.run.receipt(step_id)
+
+    async def result(self, step_id: str) -> Any:
+        """The result of a finished plain step (a blob is read in the pool)."""
+        return await self._do("result", lambda: self.run.result(step_id))
+
+    # -- one driver at a time --------------------------------------------------------------
+    def claim(self, doing: str) -> None:
+        """Take the run for `doing`; UsageError if another coroutine or thread has it."""
+        if not self._busy.acquire(blocking=False):
+            raise UsageError(
+                f"the run of task {self.task_id!r} is busy with {self._doing} for another "
+                f"coroutine or thread, so {doing} is refused: one run has one driver. Await "
+                "the first call before the next, or give each agent its own task"
+            )
+        self._doing = doing
+
+    def release(self) -> None:
+        self._doing = None
+        self._busy.release()
+
+    @contextlib.contextmanager
+    def _claimed(self, doing: str) -> Iterator[None]:
+        self.claim(doing)
+        try:
+            yield
+        finally:
+            self.release()
+
+    async def _do(self, doing: str, fn: Callable[[], T]) -> T:
+        with self._claimed(doing):
+            return await in_thread(self.pool, fn)
+
+    async def _drive(
+        self, doing: str, steps: Generator[R, Any, T], answer: Callable[[R], Awaitable[Any]]
+    ) -> T:
+        """Run a step generator: its steps in the pool, its requests answered on the loop."""
+        with self._claimed(doing):
+            finished, value = await in_thread(
+                self.pool,
+                functools.partial(_advance, steps, None, True),
+                on_cancel=lambda _: steps.close(),
+            )
+            while not finished:
+                try:
+                    reply = await answer(value)
+                except BaseException:
+                    steps.close()  # at its request: nothing more is committed
+                    raise
+                finished, value = await in_thread(
+                    self.pool,
+                    functools.partial(_advance, steps, reply, False),
+                    on_cancel=lambda _: steps.close(),
+                )
+            result: T = value
+            return result
+
+    # -- committing ----------------------------------------------------------------------
+    async def at(self, step_id: str, *, effect: bool = False, args: str | None = None) -> Position:
+        """`Run.at`: DONE (recorded here) or PENDING (decided; a new decision of a growing
+        plan is durable before this returns)."""
+        return await self._do(
+            f"at({step_id!r})", lambda: self.run.at(step_id, effect=effect, args=args)
+        )
+
+    async def decide(self, step_id: str, *, effect: bool = False, args: str | None = None) -> None:
+        """`Run.decide`: `at` for a step that must not be done yet."""
+        await self._do(
+            f"decide({step_id!r})", lambda: self.run.decide(step_id, effect=effect, args=args)
+        )
+
+    async def append(
+        self, step_id: str, result: Any = None, *, args: str | None = None
+    ) -> str | None:
+        """`Run.append`: decide a plain step and record its result in one commit."""
+        return await self._do(
+            f"append({step_id!r})", lambda: self.run.append(step_id, result, args=args)
+        )
+
+    async def finish(self) -> str:
+        """`Run.finish`: a growing task says it is done (a FINISH commit)."""
+        return await self._do("finish", self.run.finish)
+
+    async def commit_step(
+        self, step_id: str, result: Any = None, *, args: str | None = None
+    ) -> str:
+        """`Run.commit_step`, durable before this returns."""
+        return await self._do(
+            f"commit_step({step_id!r})", lambda: self.run.commit_step(step_id, result, args=args)
+        )
+
+    async def call(self, step_id: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """`Run.call` with `fn` sync (run in the pool) or async (awaited): run once, record
+        the result; a replay returns the recorded result without calling `fn`."""
+        steps = journal.call_steps(self.run, step_id, fn, args, kwargs)
+
+        async def invoke(_: journal.Invoke) -> Any:
+            return await _answered(self.pool, fn, *args, **kwargs)
+
+        return await self._drive(f"call({step_id!r})", steps, invoke)
+
+    async def perform(
+        self,
+        step_id: str,
+        service: Service,
+        send: Callable[[str], Any],
+        *,
+        key: str | None = None,
+    ) -> str:
+        """`Run.perform` with `send(key)` async (awaited) or sync (run in the pool): drive
+        the effect to CONFIRMED; returns the receipt. SUBMITTED is durable before `send`."""
+        steps = protocol.perform_steps(self.run, step_id, service, key)
+
+        async def deliver(request: protocol.Send) -> Any:
+            return await _answered(self.pool, send, request.key)
+
+        return await self._drive(f"perform({step_id!r})", steps, deliver)
+
+    def effect(self, step_id: str, service: Service, *, key: str | None = None) -> AsyncEffect:
+        """`async with arun.effect(step, service) as call:` send with `call.key`, then
+        `await call.confirm(receipt)` (or `await call.not_done(reason)`)."""
+        return AsyncEffect(self, step_id, service, key)
+
+    async def settle(self, service: Service) -> NextAction:
+        """`Run.settle`: reconcile or mark unresolved the frontier effect."""
+        return await self._do("settle", lambda: self.run.settle(service))
+
+    async def reconcile(self, step_id: str, service: Service) -> NextAction:
+        """`Run.reconcile`: look the effect up by key and commit the answer."""
+        return await self._do(
+            f"reconcile({step_id!r})", lambda: self.run.reconcile(step_id, service)
+        )
+
+    async def next_action(self, step_id: str | None = None) -> NextAction:
+        """`Run.next_action` (it may read the clock and HEAD only; cheap, but kept uniform)."""
+        return await self._do("next_action", lambda: self.run.next_action(step_id))
+
+    async def brief(self, **options: Any) -> Any:
+        """The resume brief of this run's task."""
+        make_brief = _brief_maker()
+        return await self._do("brief", lambda: make_brief(self.run, **options))
+
+    # -- lifetime --------------------------------------------------------------------------
+    async def close(self, *, finish: bool = True) -> None:
+        """`Run.close`: seal a finished task (v2), release the task lock."""
+        await self._do("close", lambda: self.run.close(finish=finish))
+
+    async def __aenter__(self) -> AsyncRun:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close(finish=exc is None)
+
+
+class AsyncCall:
+    """The async face of protocol.Call: `key` to send with, then confirm or not_done."""
+
+    def __init__(self, call: protocol.Call, pool: ThreadPoolExecutor) -> None:
+        self._call = call
+        self.pool = pool
+        self.step = call.step
+        self.attempt = call.attempt
+        self.done = call.done
+
+    @property
+    def key(self) -> str:
+        """The idempotency key to send the request with (ends the block of a done effect)."""
+        return self._call.key
+
+    @property
+    def receipt(self) -> str | None:
+        return self._call.receipt
+
+    async def confirm(self, receipt: str) -> str:
+        """Commit CONFIRMED with the service's receipt; durable before this returns."""
+        return await in_thread(self.pool, lambda: self._call.confirm(receipt))
+
+    async def not_done(self, reason: str) -> str:
+        """Commit NOT_DONE: the service definitively did not apply the operation."""
+        return await in_thread(self.pool, lambda: self._call.not_done(reason))
+
+
+class AsyncEffect:
+    """`async with arun.effect(step, service) as call:` (see AsyncRun.effect). The run is
+    claimed from entry to exit: nothing else may commit to it while the block runs."""
+
+    def __init__(self, arun: AsyncRun, step_id: str, service: Service, key: str | None) -> None:
+        self._arun = arun
+        self._step = step_id
+        self._service = service
+        self._key = key
+        self._manager: contextlib.AbstractContextManager[protocol.Call] | None = None
+
+    def _enter(self) -> tuple[contextlib.AbstractContextManager[protocol.Call], protocol.Call]:
+        # Run.effect first decides a growing plan's step (a commit) or checks its replay.
+        manager = self._arun.run.effect(self._step, self._service, key=self._key)
+        return manager, manager.__enter__()
+
+    async def __aenter__(self) -> AsyncCall:
+        self._arun.claim(f"effect({self._step!r})")
+        try:
+            # Cancelled after SUBMITTED was committed: unwind the manager as a failed body.
+            manager, call = await in_thread(
+                self._arun.pool,
+                self._enter,
+                on_cancel=lambda entered: entered[0].__exit__(
+                    asyncio.CancelledError, asyncio.CancelledError(), None
+                ),
+            )
+        except BaseException:
+            self._arun.release()
+            raise
+        self._manager = manager
+        return AsyncCall(call, self._arun.pool)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        try:
+            # The manager's exit only checks the block settled (no I/O): run on the loop.
+            assert self._manager is not None  # noqa: S101 - set by a successful __aenter__
+            return bool(self._manager.__exit__(exc_type, exc, tb))
+        finally:
+            self._arun.release()
