@@ -119,7 +119,7 @@ def test_small_agent_campaign_bills_and_applies_once(
     assert (0, 0, 0) == (tally.duplicates, tally.rebilled, tally.differ), tally.problems
     assert (0, 0, 0) == (tally.lost, tally.corrupt, tally.other), tally.problems
     assert RUNS == tally.runs
-    assert tally.kills > 0
+    assert tally.kills >= RUNS
     check_files(lab)
 
 

@@ -108,8 +108,7 @@ def run_agent(
             answer: dict[str, Any] = reply["answer"]
             run.append("answer", answer)
             crashpoints.reach("agent.answered")
-            if not run.finished:
-                run.finish()
+            run.finish()
             return answer
         tool, args = reply["tool"], reply["args"]
         if tool in declared:

@@ -58,8 +58,7 @@ async def run_agent(
             answer: dict[str, Any] = reply["answer"]
             await arun.append("answer", answer)
             crashpoints.reach("agent.answered")
-            if not arun.finished:
-                await arun.finish()
+            await arun.finish()
             return answer
         tool, args = reply["tool"], reply["args"]
         act = act_step(turn, tool)

@@ -44,6 +44,10 @@ KILL_POINTS = (
     ("object.temp_synced", 24),
 )
 
+# Points every run reaches at least twice (two model calls: an action and the answer): each
+# run's first attempt is killed at one of them, so no run finishes without a kill.
+SURE_POINTS = ("agent.model_answered", "agent.thought", "commit.linked", "object.temp_synced")
+
 
 @attrs.frozen
 class AgentSettings:
@@ -180,10 +184,12 @@ def drive(lab: Lab, index: int, window_s: float) -> None:
     settings, rng, tally = lab.settings, lab.rng, lab.tally
     client = lab.svc.client()
     store = castore.Store.open(lab.store_path, create=True)
-    for _ in range(MAX_ATTEMPTS):
+    for attempt in range(MAX_ATTEMPTS):
         roll = rng.random()
         crash_at = None
-        if roll < settings.point_share:
+        if attempt == 0:
+            crash_at = f"{rng.choice(SURE_POINTS)}:{rng.randint(1, 2)}"
+        elif roll < settings.point_share:
             point, top = rng.choice(KILL_POINTS)
             crash_at = f"{point}:{rng.randint(1, top)}"
         elif roll < settings.point_share + settings.fault_share:
@@ -193,7 +199,9 @@ def drive(lab: Lab, index: int, window_s: float) -> None:
         process = spawn(lab.command(task, model_seed(lab, index)), crash_at)
         lab.attempts.append(Attempt(task, process.pid, before))
         ready = wait_ready(process)
-        random_kill = ready and roll >= settings.point_share + settings.fault_share
+        random_kill = (
+            ready and crash_at is None and roll >= settings.point_share + settings.fault_share
+        )
         code, output = finish(process, rng.uniform(0, window_s) if random_kill else None)
         client.control(drop_after_commit=0)
         if code == -signal.SIGKILL:
