@@ -49,14 +49,26 @@ POINTS = (
     "upgrade.sealed",
 )
 
+# The crash lab's sample agent (castore/lab/agent.py): moments of an agent loop, not durable
+# transitions of the store, so FORMAT.md does not list them. Kept apart from POINTS so that
+# campaigns choosing among POINTS keep their schedules.
+LAB_POINTS = (
+    "agent.model_answered",
+    "agent.thought",
+    "agent.tool_returned",
+    "agent.acted",
+    "agent.answered",
+)
+
 
 def _parse(var: str) -> tuple[str, int] | None:
     spec = os.environ.get(var)
     if not spec:
         return None
     name, _, nth = spec.partition(":")
-    if name not in POINTS:
-        raise ValueError(f"{var}={spec!r}: unknown crash point; known: {', '.join(POINTS)}")
+    if name not in POINTS and name not in LAB_POINTS:
+        known = ", ".join((*POINTS, *LAB_POINTS))
+        raise ValueError(f"{var}={spec!r}: unknown crash point; known: {known}")
     return name, int(nth) if nth else 1
 
 
