@@ -11,6 +11,7 @@ that many trees (and keeps trees within castore's nesting limit).
 
 from __future__ import annotations
 
+import zlib
 from collections import OrderedDict
 from typing import Any
 
@@ -47,17 +48,26 @@ class Parts:
 
     # -- raw values ------------------------------------------------------------------------
     def encode(self, value: Any) -> bytes:
+        """The serializer's type name, NUL, its bytes; zlib-compressed (type name prefixed
+        'z:') when that saves a tenth. Deterministic, so equal values are still one object."""
         kind, data = self.serde.dumps_typed(value)
+        packed = zlib.compress(data, 6)
+        if len(packed) < len(data) * 0.9:
+            return b"z:" + kind.encode("utf-8") + b"\0" + packed
         return kind.encode("utf-8") + b"\0" + data
 
     def decode(self, body: bytes) -> Any:
         kind, _, data = body.partition(b"\0")
+        if kind.startswith(b"z:"):
+            kind, data = kind[2:], zlib.decompress(data)
         return self.serde.loads_typed((kind.decode("utf-8"), data))
 
     def put_body(self, body: bytes, known: frozenset[str] | set[str] = frozenset()) -> str:
         """Store `body` as a raw object (unless `known` says a committed tree names it)."""
         object_id = hash_bytes(raw_bytes(body))
-        if object_id not in known:
+        # Stored or read by this saver already: a commit naming it looks for it after its
+        # link and fails (ObjectMissingError, nothing committed) if gc took it meanwhile.
+        if object_id not in known and object_id not in self._bodies:
             object_id = self.store.put_raw(body).raw
         self._keep(object_id, body)
         return object_id
@@ -81,11 +91,11 @@ class Parts:
             self._size -= len(dropped)
 
     # -- values of channels --------------------------------------------------------------
-    def put_value(self, value: Any, previous: str | None) -> str:
-        """Store a channel's value; `previous`: the id of that channel's last stored value
-        (a list whose prefix this one may extend)."""
+    def put_value(self, value: Any, previous: str | None, body: bytes | None = None) -> str:
+        """Store a channel's value (`body`: its encoding, if made already); `previous`: the
+        id of that channel's last stored value (a list whose prefix this one may extend)."""
         if type(value) is not list or not value:
-            return self.put_body(self.encode(value))
+            return self.put_body(body if body is not None else self.encode(value))
         prev = self.list_info(previous) if previous is not None else None
         known = set(prev.elements) if prev is not None else set()
         elements = tuple(self.put_body(self.encode(item), known) for item in value)
@@ -123,7 +133,10 @@ class Parts:
             self._lists[tree_id] = base
         return base
 
-    def get_value(self, object_id: str) -> Any:
+    def get_value(self, object_id: str | tuple[str, ...]) -> Any:
+        """A stored value: one part (a raw value or a list tree), or a list's element parts."""
+        if isinstance(object_id, tuple):
+            return [self.decode(self.body(part)) for part in object_id]
         info = self.list_info(object_id)
         if info is None:
             return self.decode(self.body(object_id))

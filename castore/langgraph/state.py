@@ -26,6 +26,17 @@ from castore.store import Store
 from castore.trees import TreeRef
 
 WriteKey = tuple[str, int]  # (task_id, idx)
+# A channel value whose serialized bytes are at most this goes in its put's header, not an
+# object of its own (an object costs its file, two fsyncs and a name in the tree).
+INLINE_BYTES = 256
+
+
+def _elements(refs: dict[str, str], prefix: str) -> tuple[str, ...]:
+    """The parts `prefix`0, `prefix`1, ... of a tree, in order: a list stored by element."""
+    found = []
+    while (part := refs.get(f"{prefix}{len(found)}")) is not None:
+        found.append(part)
+    return tuple(found)
 
 
 @attrs.define
@@ -33,7 +44,8 @@ class Saved:
     """A checkpoint of the index: its header (decoded) and where its writes are."""
 
     header: dict[str, Any]
-    writes: dict[WriteKey, tuple[str, str, str, str]] = attrs.field(factory=dict)
+    # (task_id, channel, value: one part, or a list's element parts, task_path)
+    writes: dict[WriteKey, tuple[str, str, str | tuple[str, ...], str]] = attrs.field(factory=dict)
 
 
 class ThreadState:
@@ -57,6 +69,7 @@ class ThreadState:
         self.log = None
         self.saved: dict[str, Saved] = {}
         self.blobs: dict[tuple[str, Any], str | None] = {}
+        self.inline: dict[tuple[str, Any], Any] = {}  # small values kept in a put's header
         self.latest_value: dict[str, str] = {}  # channel -> id of its last stored value
         generation = 0
         while True:
@@ -86,10 +99,13 @@ class ThreadState:
                 self.saved.pop(checkpoint_id, None)
 
     def _index_put(self, header: dict[str, Any], refs: dict[str, str]) -> None:
-        versions = header["new_versions"]
+        versions, inline = header["new_versions"], header["inline"]
         for i, channel in enumerate(header["channels"]):
             part = refs.get(f"v{i}")
-            self.blobs[(channel, versions[channel])] = part
+            key = (channel, versions[channel])
+            if str(i) in inline:
+                self.inline[key] = inline[str(i)]
+            self.blobs[key] = part
             if part is not None:
                 self.latest_value[channel] = part
         self.saved[header["checkpoint"]["id"]] = Saved(header)
@@ -100,7 +116,8 @@ class ThreadState:
             return  # writes of a checkpoint since deleted
         for i, (channel, idx) in enumerate(header["writes"]):
             key = (header["task_id"], idx)
-            saved.writes[key] = (header["task_id"], channel, refs[f"x{i}"], header["task_path"])
+            part = refs.get(f"x{i}") or _elements(refs, f"x{i}.")
+            saved.writes[key] = (header["task_id"], channel, part, header["task_path"])
 
     # -- writing -------------------------------------------------------------------------
     def append(self, kind: str, header: Any, refs: dict[str, str]) -> None:
@@ -139,17 +156,24 @@ class ThreadState:
         values: dict[str, Any],
     ) -> None:
         channels = sorted(new_versions)
-        refs = {}
+        refs, inline = {}, {}
         for i, channel in enumerate(channels):
-            if channel in values:
+            if channel not in values:
+                continue
+            value = values[channel]
+            body = None if type(value) is list else self.parts.encode(value)
+            if body is not None and len(body) <= INLINE_BYTES:
+                inline[str(i)] = value  # one object less per step for a counter or a flag
+            else:
                 previous = self.latest_value.get(channel)
-                refs[f"v{i}"] = self.parts.put_value(values[channel], previous)
+                refs[f"v{i}"] = self.parts.put_value(value, previous, body)
         header = {
             "checkpoint": checkpoint,
             "metadata": metadata,
             "parent": parent,
             "new_versions": {c: new_versions[c] for c in channels},
             "channels": channels,
+            "inline": inline,
         }
         self.append("p", header, refs)
 
@@ -167,10 +191,15 @@ class ThreadState:
             kept[key] = (channel, value)
         if not kept:
             return  # a retried put_writes: nothing new, nothing committed
-        refs = {
-            f"x{i}": self.parts.put_body(self.parts.encode(value))
-            for i, (_, value) in enumerate(kept.values())
-        }
+        refs: dict[str, str] = {}
+        for i, (_, value) in enumerate(kept.values()):
+            if type(value) is list and value:
+                # Element by element: the messages a node writes are the ones the next
+                # checkpoint's list holds, stored once for both.
+                for j, item in enumerate(value):
+                    refs[f"x{i}.{j}"] = self.parts.put_body(self.parts.encode(item))
+            else:
+                refs[f"x{i}"] = self.parts.put_body(self.parts.encode(value))
         header = {
             "checkpoint_id": checkpoint_id,
             "task_id": task_id,

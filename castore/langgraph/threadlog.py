@@ -19,7 +19,10 @@ from castore.run import Run
 from castore.store import Store
 from castore.trees import TreeRef
 
-SEGMENT = 512  # steps per segment task: its plan object (one, shared by all) stays ~20 KB
+SEGMENT = 128  # steps per segment task: its plan object (one, shared by all) stays ~6 KB
+# Seal a log this often: a snapshot (~600 bytes) outweighs a LangGraph step's new data, and a
+# pack holds the sealed ones zlib-compressed, so the slots of a long thread cost a fraction.
+SEAL_EVERY = 64
 _PLAN_NAME = "castore-langgraph-log"
 
 
@@ -126,6 +129,8 @@ class ThreadLog:
             self._run, self._segment, run = nxt, self._segment + 1, nxt
         run.commit_step(f"e{run.head.frontier.index}", tree)
         self._entries.append(tree.tree)
+        if run.head.seq % SEAL_EVERY == 0 and not run.finished:
+            run.seal_now()
 
     def forget(self, *, why: str) -> None:
         """End the log for good: segment 0's tombstone first (from then on the log reads as
