@@ -33,7 +33,7 @@ INLINE_BYTES = 256
 
 def _elements(refs: dict[str, str], prefix: str) -> tuple[str, ...]:
     """The parts `prefix`0, `prefix`1, ... of a tree, in order: a list stored by element."""
-    found = []
+    found: list[str] = []
     while (part := refs.get(f"{prefix}{len(found)}")) is not None:
         found.append(part)
     return tuple(found)
