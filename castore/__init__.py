@@ -25,9 +25,12 @@ from castore.errors import (
     OutcomeUnknownError,
     PayloadError,
     PlanDriftError,
+    PlanTooLongError,
+    ReplayDriftError,
     ResumeRefusedError,
     SecretInPayloadError,
     SnapshotTooLargeError,
+    StepRepeatedError,
     StoreError,
     StoreExistsError,
     StoreIOError,
@@ -39,9 +42,10 @@ from castore.errors import (
     UnsafeFileError,
     UsageError,
 )
-from castore.plans import plan_id
-from castore.records import BlobRef, EffectState, Plan, Snapshot, Step, effect
-from castore.run import Run, derive_key
+from castore.plans import head_digest, plan_id
+from castore.records import BlobRef, EffectState, Grown, Plan, Snapshot, Step, effect
+from castore.replay import Position
+from castore.run import Run, derive_key, derive_step_key
 from castore.store import Store
 from castore.trees import RawRef, Tree, TreeRef
 
@@ -62,6 +66,7 @@ __all__ = [
     "EncodingError",
     "EnvironmentDriftError",
     "FormatVersionError",
+    "Grown",
     "IllegalHistoryError",
     "IllegalTransitionError",
     "IntegrityError",
@@ -76,8 +81,11 @@ __all__ = [
     "PayloadError",
     "Plan",
     "PlanDriftError",
+    "PlanTooLongError",
+    "Position",
     "RawRef",
     "Reconciled",
+    "ReplayDriftError",
     "ResumeRefusedError",
     "Run",
     "SecretInPayloadError",
@@ -85,6 +93,7 @@ __all__ = [
     "Snapshot",
     "SnapshotTooLargeError",
     "Step",
+    "StepRepeatedError",
     "Store",
     "StoreError",
     "StoreExistsError",
@@ -100,9 +109,11 @@ __all__ = [
     "UsageError",
     "__version__",
     "derive_key",
+    "derive_step_key",
     "effect",
     "env_digest",
     "found",
+    "head_digest",
     "plan_id",
     "tree_digest",
     "unknown",

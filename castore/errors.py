@@ -5,6 +5,8 @@
     │   ├── InvalidTaskIdError                   a task id that cannot become a safe file name
     │   ├── InvalidObjectIdError                 not 64 lowercase hex digits
     │   ├── EncodingError                        a value outside the canonical data model
+    │   ├── StepRepeatedError                    a growing plan decides a step id it has
+    │   ├── PlanTooLongError                     a growing plan past MAX_GROWN_STEPS
     │   └── PayloadError                         a snapshot that must not be written
     │       ├── SecretInPayloadError             a field or value that looks like a credential
     │       ├── SnapshotTooLargeError            over the per-snapshot size budget
@@ -32,6 +34,8 @@
     │   ├── ChainError (also IntegrityError)     HEAD → plan root does not verify
     │   │   └── IllegalHistoryError              hash-valid, but a link the protocol forbids
     │   ├── PlanDriftError                       the caller's plan is not the task's plan
+    │   │   └── ReplayDriftError                 the agent asks, at a recorded position,
+    │   │                                        for another step than the one recorded
     │   ├── EnvironmentDriftError                the live environment differs from the anchor
     │   ├── KeylessEffectError                   an in-flight effect without idempotency key
     │   └── MalformedFrontierError               frontier out of range, unknown step or version
@@ -58,6 +62,34 @@ class CastoreError(Exception):
 
 class UsageError(CastoreError, ValueError):
     """The caller asked for something invalid; nothing was changed."""
+
+
+class StepRepeatedError(UsageError):
+    """A growing plan decides a step id that the task already has (at `first`)."""
+
+    def __init__(self, task_id: str, step_id: str, first: int | None) -> None:
+        self.task = task_id
+        self.step = step_id
+        self.first = first
+        where = f" at position {first}" if first is not None else ""
+        super().__init__(
+            f"task {task_id!r} already has step {step_id!r}{where}; step ids in a task are "
+            "unique (its effect key derives from it): name each step after what makes it "
+            "distinct, e.g. 'search-3' or 'charge-order-17'"
+        )
+
+
+class PlanTooLongError(UsageError):
+    """A growing plan would grow past `limit` decided steps."""
+
+    def __init__(self, task_id: str, limit: int) -> None:
+        self.task = task_id
+        self.limit = limit
+        super().__init__(
+            f"task {task_id!r} has decided {limit} steps, the most a growing plan may "
+            "(castore.limits.MAX_GROWN_STEPS); finish it and continue in a new task (a fork "
+            "carries its outcomes)"
+        )
 
 
 class InvalidTaskIdError(UsageError):
@@ -506,6 +538,39 @@ class PlanDriftError(ResumeRefusedError):
             f"task {task_id!r} was started with plan {expected[:16]} but resume was given plan "
             f"{actual[:16]}:\n{diff}\nResume with the original plan, or accept the change "
             "explicitly with an audited override (who, why)",
+            task_id,
+        )
+
+
+class ReplayDriftError(PlanDriftError):
+    """A resumed agent's code asked, at position `position`, for step `requested` (effect or
+    not, argument digest `requested_args`), but the task recorded `recorded` there."""
+
+    def __init__(
+        self,
+        task_id: str,
+        position: int,
+        recorded: str | None,
+        requested: str,
+        *,
+        what: str = "",
+        recorded_args: str | None = None,
+        requested_args: str | None = None,
+    ) -> None:
+        self.position = position
+        self.recorded = recorded
+        self.requested = requested
+        self.recorded_args = recorded_args
+        self.requested_args = requested_args
+        self.expected, self.actual, self.diff = str(recorded), requested, what
+        found = f"step {recorded!r}" if recorded is not None else "no step"
+        detail = f" ({what})" if what else ""
+        ResumeRefusedError.__init__(
+            self,
+            f"task {task_id!r} recorded {found} at position {position}, and the agent's code "
+            f"now asks for step {requested!r} there{detail}: the code no longer replays the "
+            "recorded run. Run the code that made the task (same step ids, same arguments, "
+            "same order), or start a new task",
             task_id,
         )
 

@@ -93,8 +93,8 @@ def canonical_decoder(cls: type[T]) -> Callable[[bytes], T | None]:
             again = encode(record)
         except _UNSURE:
             return None  # the strict path will say what is wrong, if anything is
-        for name, member in omitted:
-            if getattr(record, name) is None:  # msgspec writes it; the canonical encoding not
+        for path, member in omitted:
+            if _at(record, path) is None:  # msgspec writes it; the canonical encoding not
                 again = again.replace(member, b"", 1)
         return record if again == body and not _deeper_than_allowed(body, record) else None
 
@@ -102,22 +102,83 @@ def canonical_decoder(cls: type[T]) -> Callable[[bytes], T | None]:
     return decode
 
 
-def _omitted_members(cls: type) -> tuple[tuple[str, bytes], ...]:
-    """(name, `,"name":null`) for each field of `cls` the canonical encoding leaves out while
-    None. msgspec writes that member; the first occurrence of its bytes in msgspec's output is
-    the top-level member itself, provided no field sorted before it holds an untyped value
-    (where a nested dict could have that key) and it is not the first key (no comma)."""
+def _omitted_members(cls: type) -> tuple[tuple[tuple[str, ...], bytes], ...]:
+    """(attribute path, the member's bytes as msgspec writes it while None) for each field the
+    canonical encoding leaves out while None: `,"name":null` for a field of `cls` itself,
+    `"name":null,` for one of a record nested in a field of `cls` (a transition's). msgspec
+    writes that member; the first occurrence of its bytes in msgspec's output is the member
+    itself, provided nothing written before it holds an untyped value (where a nested dict
+    could have that key) or a record with a key of that name, and a nested one is not the
+    last key of its record (no comma after it). The first key of `cls` itself is written
+    `"name":null,` too (no comma before it)."""
     if not attrs.has(cls):
         return ()
     hints = typing.get_type_hints(cls)
     keys = sorted(field.name for field in attrs.fields(cls))
-    members = []
+    members: list[tuple[tuple[str, ...], bytes]] = []
     for name in omitted_fields(cls):
         before = keys[: keys.index(name)]
-        if not before or any(_mentions_any(hints[key]) for key in before):
+        if any(_mentions_any(hints[key]) for key in before) or len(keys) == 1:
             raise TypeError(f"{cls.__name__}.{name} cannot be omitted on the fast path")
-        members.append((name, b',"%s":null' % name.encode()))
+        # The first key has no comma before it (a plan's `grows`): the one after it goes.
+        member = b',"%s":null' if before else b'"%s":null,'
+        members.append(((name,), member % name.encode()))
+    for position, key in enumerate(keys):
+        inner = _record_type(hints[key])
+        if inner is None or not omitted_fields(inner):
+            continue
+        earlier = keys[:position]
+        taken = {name for other in earlier for name in _record_keys(hints[other])}
+        inner_hints = typing.get_type_hints(inner)
+        inner_keys = sorted(field.name for field in attrs.fields(inner))
+        for name in omitted_fields(inner):
+            at = inner_keys.index(name)
+            if (
+                at == len(inner_keys) - 1
+                or name in taken
+                or any(_mentions_any(hints[other]) for other in earlier)
+                or any(_mentions_any(inner_hints[other]) for other in inner_keys[:at])
+            ):
+                raise TypeError(f"{inner.__name__}.{name} cannot be omitted on the fast path")
+            members.append(((key, name), b'"%s":null,' % name.encode()))
     return tuple(members)
+
+
+def _at(record: object, path: tuple[str, ...]) -> object:
+    """The value at attribute `path` of `record` (None if a record on the way is None)."""
+    value = record
+    for name in path:
+        value = getattr(value, name, None)
+    return value
+
+
+def _record_type(hint: Any) -> type | None:
+    """The record class a field of type `hint` holds (`X` or `X | None`), if it holds one."""
+    if attrs.has(hint):
+        return typing.cast(type, hint)
+    if typing.get_origin(hint) in (types.UnionType, typing.Union):
+        records = [arg for arg in typing.get_args(hint) if attrs.has(arg)]
+        return records[0] if len(records) == 1 else None
+    return None
+
+
+def _record_keys(hint: Any) -> set[str]:
+    """Every key a value of type `hint` can write, through nested records and containers."""
+    found: set[str] = set()
+    pending = [hint]
+    seen: set[object] = set()
+    while pending:
+        item = pending.pop()
+        if item in seen:
+            continue
+        seen.add(item)
+        if attrs.has(item):
+            inner = typing.get_type_hints(item)
+            found.update(inner)
+            pending.extend(inner.values())
+        else:
+            pending.extend(typing.get_args(item))
+    return found
 
 
 def decode_canonical(body: bytes, cls: type[T]) -> T | None:
@@ -195,8 +256,8 @@ def canonical_view(cls: type[T]) -> Callable[[bytes], T | None]:
             again = encode(record)
         except _UNSURE:
             return None
-        for name, member in omitted:
-            if getattr(record, name) is None:  # as in canonical_decoder
+        for path, member in omitted:
+            if _at(record, path) is None:  # as in canonical_decoder
                 again = again.replace(member, b"", 1)
         if again != body or _deeper_than_allowed(body, record):
             return None
@@ -250,10 +311,10 @@ def _view_of(cls: type) -> type:
             fields.append((field.name, kind, field.default))
     # A record whose only defaulted fields are v2 fields omitted while None (a snapshot)
     # omits them as the canonical encoding does; any other keeps writing its defaults.
+    # A record that mixes both (a transition) writes them all: its omitted members are taken
+    # out of the re-encoding by the record holding it (_omitted_members).
     defaulted = {field.name for field in attrs.fields(cls) if field.default is not attrs.NOTHING}
     omit = bool(defaulted) and defaulted == set(omitted_fields(cls))
-    if not omit and set(omitted_fields(cls)):
-        raise TypeError(f"no view for {cls.__name__}: it mixes omitted and written defaults")
     view = _VIEWS[cls] = msgspec.defstruct(
         f"{cls.__name__}View",
         fields,

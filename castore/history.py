@@ -12,6 +12,7 @@ from __future__ import annotations
 import attrs
 
 from castore.effects import ALLOWED
+from castore.growth import growth_changes
 from castore.records import EffectRecord, EffectState, Snapshot, Transition, TransitionKind
 
 _MOVES_AN_EFFECT = (TransitionKind.EFFECT, TransitionKind.RESOLVE)
@@ -28,7 +29,7 @@ def illegal_changes(parent: Snapshot, child: Snapshot) -> list[str]:
         return [f"sequence {child.seq} follows the tombstone at {parent.seq}: nothing follows it"]
     transition = child.transition
     moved = transition.step if transition.kind in _MOVES_AN_EFFECT else None
-    problems = _frontier_changes(parent, child, moved)
+    problems = _frontier_changes(parent, child, moved) + growth_changes(parent, child)
     if transition.kind is TransitionKind.FORGET:
         problems += _tombstone_changes(transition)
     if moved is None and parent.effects == child.effects:
@@ -151,7 +152,9 @@ def _frontier_changes(parent: Snapshot, child: Snapshot, moved: str | None) -> l
         moved is not None and transition.effect_to is EffectState.CONFIRMED
     )
     problems = []
-    if finishes and transition.step != before.step:
+    # A STEP that decides its step as it records it (format v2) finishes what it names.
+    decides = transition.decided is not None and before.step is None
+    if finishes and transition.step != before.step and not decides:
         problems.append(
             f"{transition.step}: finished by a {transition.kind!s}-kind transition, but the "
             f"frontier is {before.step!r}"

@@ -30,13 +30,22 @@ _CACHED_MISSES = 1 << 12
 
 @attrs.frozen
 class Outcome:
-    """What a finished step or effect left: its result (inline or blob) or its receipt."""
+    """What a finished step or effect left: its result (inline or blob) or its receipt;
+    `args`, the argument digest of a journaled call; `index`, the step's position (the
+    frontier index it was done at)."""
 
     step: str
     seq: int
     result: Any = None
     result_ref: str | None = None
     receipt: str | None = None
+    args: str | None = None
+    index: int | None = None
+
+    @property
+    def effect(self) -> bool:
+        """True for an effect's outcome (a receipt: every receipt is a non-empty str)."""
+        return self.receipt is not None
 
 
 def outcome_of(snapshot: Snapshot) -> Outcome | None:
@@ -45,9 +54,18 @@ def outcome_of(snapshot: Snapshot) -> Outcome | None:
     step = packs.outcome_step(snapshot)  # the one rule, which pack indexes follow too
     if step is None:
         return None
+    # Both move the frontier one step on: the step was done at the index before.
+    index = snapshot.frontier.index - 1
     if transition.kind is TransitionKind.STEP:
-        return Outcome(step, snapshot.seq, transition.result, transition.result_ref)
-    return Outcome(step, snapshot.seq, receipt=transition.receipt)
+        return Outcome(
+            step,
+            snapshot.seq,
+            transition.result,
+            transition.result_ref,
+            args=transition.args,
+            index=index,
+        )
+    return Outcome(step, snapshot.seq, receipt=transition.receipt, index=index)
 
 
 @attrs.frozen
@@ -106,6 +124,18 @@ class Outcomes(Mapping[str, Outcome]):
             self._misses.clear()
         self._misses.add(step)
         raise KeyError(step)
+
+    def snapshot_bytes(self, seq: int) -> bytes | None:
+        """The framed snapshot at `seq` if a sealed pack of the chain holds it (read and
+        hash-checked again), else None. For error messages and rare look-backs only: it
+        inflates the pack."""
+        for pack in self._packs:
+            if pack.first_seq <= seq <= pack.last_seq:
+                with self._reading(pack):
+                    if self._inflated is None or self._inflated[0] != pack.id:
+                        self._inflated = (pack.id, self._read(pack).inflate())
+                    return self._inflated[1][seq - pack.first_seq]
+        return None
 
     def __iter__(self) -> Iterator[str]:
         yield from self._tail

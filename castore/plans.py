@@ -1,31 +1,42 @@
-"""Plan validation and the plan digest."""
+"""Plan validation, the plan digest, and the rolling digest of a growing plan."""
 
 from __future__ import annotations
 
 from castore import codec
-from castore.digest import hash_bytes
+from castore.digest import hash_bytes, hash_chunks
 from castore.errors import UsageError
 from castore.fastdecode import encode_sorted
-from castore.records import Plan, Step
+from castore.records import Plan, Snapshot, Step
 
 MAX_STEP_ID = 200
+_STEP_DOMAIN = b"castore-plan-step\0"
+
+
+def validate_step_id(step_id: object) -> None:
+    """Refuse a step id castore could not record or print: not a non-empty printable str of
+    at most MAX_STEP_ID characters."""
+    if not isinstance(step_id, str) or not step_id or len(step_id) > MAX_STEP_ID:
+        raise UsageError(f"step id {step_id!r}: use a non-empty str of at most {MAX_STEP_ID} chars")
+    if not step_id.isprintable():  # status and log print it: one id, one line, as is
+        raise UsageError(
+            f"step id {step_id!r} is not printable (a control, format or separator "
+            "character other than space); choose one that prints as itself"
+        )
 
 
 def validate_plan(plan: Plan) -> None:
-    """Refuse a plan castore could not run: no steps, bad or duplicate ids, forward deps."""
-    if not plan.steps:
-        raise UsageError(f"plan {plan.name!r} has no steps; give it at least one")
+    """Refuse a plan castore could not run: no steps (unless it grows), bad or duplicate
+    ids, forward deps."""
+    if plan.grows is not None and plan.grows is not True:
+        raise UsageError(f"plan {plan.name!r}: grows is True or None, not {plan.grows!r}")
+    if not plan.steps and not plan.grows:
+        raise UsageError(
+            f"plan {plan.name!r} has no steps; give it at least one (or make it a growing "
+            "plan with Plan.grow, whose steps are decided as the task runs)"
+        )
     seen: set[str] = set()
     for step in plan.steps:
-        if not isinstance(step.id, str) or not step.id or len(step.id) > MAX_STEP_ID:
-            raise UsageError(
-                f"step id {step.id!r}: use a non-empty str of at most {MAX_STEP_ID} chars"
-            )
-        if not step.id.isprintable():  # status and log print it: one id, one line, as is
-            raise UsageError(
-                f"step id {step.id!r} is not printable (a control, format or separator "
-                "character other than space); choose one that prints as itself"
-            )
+        validate_step_id(step.id)
         if step.id in seen:
             raise UsageError(f"plan {plan.name!r} has step {step.id!r} twice; step ids are unique")
         for dep in step.after:
@@ -41,18 +52,20 @@ def plan_bytes(plan: Plan) -> bytes:
     """The framed object bytes of a plan. Every resume hashes the caller's plan: its steps
     (all of the bytes of a long plan) are encoded in C when they hold exact types only, the
     name and meta as any record's fields are; anything else takes the general path."""
-    if not _plain_steps(plan.steps):
-        return codec.encode_record("plan", plan)
+    version = 2 if plan.grows is not None else None  # a v1 reader knows no growing plan
+    if not _plain_steps(plan.steps) or plan.grows not in (None, True):
+        return codec.frame("plan", codec.encode_value(codec.to_builtins(plan)), version)
     try:
         steps = encode_sorted(plan.steps)
     except UnicodeEncodeError:  # a lone surrogate: the general path says where
-        return codec.encode_record("plan", plan)
-    body = b'{"meta":%s,"name":%s,"steps":%s}' % (
+        return codec.frame("plan", codec.encode_value(codec.to_builtins(plan)), version)
+    body = b'{%s"meta":%s,"name":%s,"steps":%s}' % (
+        b'"grows":true,' if plan.grows else b"",
         codec.encode_value(codec.to_builtins(plan.meta)),
         codec.encode_value(plan.name),
         steps,
     )
-    return codec.frame("plan", body)
+    return codec.frame("plan", body, version)
 
 
 def _plain_steps(steps: object) -> bool:
@@ -71,3 +84,17 @@ def _plain_steps(steps: object) -> bool:
 def plan_id(plan: Plan) -> str:
     """The plan digest: the id its object has (or would have) in any store."""
     return hash_bytes(plan_bytes(plan))
+
+
+def roll_digest(digest: str, step: Step, args: str | None) -> str:
+    """d(n+1) from d(n): the plan digest once `step` (with journaled-call argument digest
+    `args`) is decided after the steps `digest` covers (docs/FORMAT.md 7.9)."""
+    entry = codec.encode_value({"args": args, "effect": step.effect, "id": step.id})
+    return hash_chunks([_STEP_DOMAIN, digest.encode(), b"\0", entry])
+
+
+def head_digest(snapshot: Snapshot) -> str:
+    """The plan digest at `snapshot`: the rolling digest of a growing plan (every step
+    decided so far), else the plan object id."""
+    grown = snapshot.grown
+    return grown.digest if grown is not None else snapshot.plan

@@ -32,10 +32,14 @@ class TransitionKind(enum.StrEnum):
     OVERRIDE = "override"  # a person accepted plan or environment drift
     SEAL = "seal"  # v2: no step; carries a new `sealed` anchor (a finished task, an upgrade)
     FORGET = "forget"  # v2: a person ended the task for good; nothing may follow it
+    DECIDE = "decide"  # v2: a growing plan's next step was decided; the frontier moves to it
+    FINISH = "finish"  # v2: a growing task said it is done; only seal or forget may follow
 
 
 # Transition kinds a v1 reader does not know: a snapshot recording one is framed as version 2.
-V2_KINDS = frozenset({TransitionKind.SEAL, TransitionKind.FORGET})
+V2_KINDS = frozenset(
+    {TransitionKind.SEAL, TransitionKind.FORGET, TransitionKind.DECIDE, TransitionKind.FINISH}
+)
 # Field metadata: the field is left out of the encoding while it is None. v2 fields carry it,
 # so a snapshot that uses none of them keeps its v1 bytes (and id) exactly.
 OMIT_IF_NONE = "castore.omit_if_none"
@@ -52,11 +56,13 @@ class Step:
 
 @attrs.frozen
 class Plan:
-    """A job's steps in execution order (a topological order of their `after` edges)."""
+    """A job's steps in execution order (a topological order of their `after` edges).
+    `grows` (v2): more steps are decided while the task runs (`Plan.grow`)."""
 
     name: str
     steps: tuple[Step, ...]
     meta: dict[str, Any] = attrs.field(factory=dict)
+    grows: bool | None = attrs.field(default=None, metadata={OMIT_IF_NONE: True})
 
     @classmethod
     def build(cls, name: str, *steps: str | Step, **meta: Any) -> Plan:
@@ -68,6 +74,13 @@ class Plan:
                 step = Step(step.id, step.effect, (built[-1].id,))
             built.append(step)
         return cls(name=name, steps=tuple(built), meta=meta)
+
+    @classmethod
+    def grow(cls, name: str, *initial_steps: str | Step, **meta: Any) -> Plan:
+        """A growing plan (format v2): `initial_steps` (maybe none) as `build` makes them,
+        then the steps the task decides as it runs (`run.at`, `run.append`)."""
+        built = cls.build(name, *initial_steps, **meta)
+        return cls(name=name, steps=built.steps, meta=meta, grows=True)
 
     def index(self, step_id: str) -> int:
         """Position of `step_id` in the plan; KeyError if it is not a step of this plan."""
@@ -130,6 +143,10 @@ class Transition:
     who: str | None = None
     why: str | None = None
     replaced: str | None = None
+    # v2, growing plans: the step this transition decides (DECIDE, or a STEP that decides
+    # and records at once), and the argument digest of a journaled call.
+    decided: Step | None = attrs.field(default=None, metadata={OMIT_IF_NONE: True})
+    args: str | None = attrs.field(default=None, metadata={OMIT_IF_NONE: True})
 
 
 @attrs.frozen
@@ -154,6 +171,17 @@ class Fork:
 
 
 @attrs.frozen
+class Grown:
+    """v2: how far a growing plan has grown. `steps` decided at run time so far (beyond the
+    base plan), `digest` the rolling plan digest over them (docs/FORMAT.md 7.9), `finished`
+    once a FINISH transition said the task is done."""
+
+    steps: int
+    digest: str
+    finished: bool = False
+
+
+@attrs.frozen
 class Snapshot:
     """One transition of a task; its object id is the blake3 of its framed bytes."""
 
@@ -170,6 +198,8 @@ class Snapshot:
     sealed: Sealed | None = attrs.field(default=None, metadata={OMIT_IF_NONE: True})
     # v2, seq 0 of a fork only; omitted from the encoding when None
     fork: Fork | None = attrs.field(default=None, metadata={OMIT_IF_NONE: True})
+    # v2, every snapshot of a task with a growing plan; omitted when None (a fixed plan)
+    grown: Grown | None = attrs.field(default=None, metadata={OMIT_IF_NONE: True})
 
     def effect(self, step_id: str) -> EffectRecord | None:
         """The open record of effect `step_id`, or None if it has none."""
@@ -190,6 +220,9 @@ def snapshot_version(snapshot: Snapshot) -> int:
     if snapshot.transition.kind in V2_KINDS:
         return 2
     if any(getattr(snapshot, name) is not None for name in omitted_fields(Snapshot)):
+        return 2
+    transition = snapshot.transition
+    if transition.decided is not None or transition.args is not None:
         return 2
     return 1
 

@@ -14,26 +14,38 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from castore import codec, fsio, gate, guard, protocol
-from castore.digest import hash_chunks
+from castore import codec, fsio, gate, guard, limits, protocol
+from castore.digest import hash_bytes, hash_chunks
 from castore.effects import ChainClock, NextAction, Service
-from castore.errors import CastoreError, CommitUncertainError, ConflictError, UsageError
+from castore.errors import (
+    CastoreError,
+    CommitUncertainError,
+    ConflictError,
+    PlanTooLongError,
+    StepRepeatedError,
+    UsageError,
+)
 from castore.layout import validate_object_id
+from castore.links import decode_snapshot
 from castore.objects import ObjectStore
 from castore.outcomes import Outcome
+from castore.plans import head_digest, roll_digest, validate_step_id
 from castore.records import (
     EffectRecord,
     EffectState,
     Frontier,
+    Grown,
     Plan,
     Sealed,
     Snapshot,
+    Step,
     Transition,
     TransitionKind,
     Writer,
     snapshot_version,
 )
 from castore.refs import TaskSlots
+from castore.replay import Position, Replay
 from castore.seal import Sealer, SealReport
 from castore.tasklock import TaskLock
 from castore.trees import load_result, parts_reached, stored_result
@@ -56,6 +68,21 @@ def derive_key(task_id: str, plan_id: str, step_id: str) -> str:
     return f"cas-{digest[:40]}"
 
 
+def derive_step_key(task_id: str, step_id: str) -> str:
+    """The default idempotency key of an effect of a growing plan: one per task+step, stable
+    as the plan grows (never derived from the plan digest, which every decision changes)."""
+    digest = hash_chunks([task_id.encode(), b"\0step\0", step_id.encode()])
+    return f"cas-{digest[:40]}"
+
+
+def effect_key(task_id: str, plan: Plan, plan_id: str, step_id: str) -> str:
+    """The default key of effect `step_id`: per task+plan+step, or per task+step when the
+    plan grows."""
+    if plan.grows:
+        return derive_step_key(task_id, step_id)
+    return derive_key(task_id, plan_id, step_id)
+
+
 @attrs.define
 class RunSettings:
     """How a run commits: payload rules, clock and environment source."""
@@ -65,6 +92,7 @@ class RunSettings:
     snapshot_budget: int = guard.DEFAULT_SNAPSHOT_BUDGET
     clock: Clock = wall_clock_ms
     seal_every: int | None = None  # format v2: seal every this many commits (None: never)
+    version: int = codec.FORMAT_VERSION  # the store's format: no commit may need a later one
 
     def live_env(self) -> str | None:
         """The environment digest now (calling the source if it is a function)."""
@@ -92,7 +120,7 @@ def planned_record(
     if index >= len(plan.steps) or not plan.steps[index].effect:
         return None
     step = plan.steps[index].id
-    return EffectRecord(step, derive_key(task_id, plan_id, step), EffectState.PLANNED, now_ms)
+    return EffectRecord(step, effect_key(task_id, plan, plan_id, step), EffectState.PLANNED, now_ms)
 
 
 def refuse_recorded_secrets(task_id: str | None, env: str | None, settings: RunSettings) -> None:
@@ -116,12 +144,13 @@ def initial_snapshot(task_id: str, plan: Plan, plan_id: str, settings: RunSettin
         seq=0,
         parent=None,
         plan=plan_id,
-        frontier=Frontier(0, plan.steps[0].id),
+        frontier=Frontier(0, plan.steps[0].id if plan.steps else None),
         effects=() if planned is None else (planned,),
         transition=Transition(TransitionKind.START),
         env=env,
         time_ms=now,
         writer=Writer(socket.gethostname(), os.getpid(), secrets.token_hex(8)),
+        grown=Grown(0, plan_id) if plan.grows else None,
     )
 
 
@@ -161,6 +190,7 @@ class Run:
         # Set by resume when the environment check was deferred until in-flight effects settle.
         self.env_unverified = False
         self._sealer: Sealer | None = None
+        self._replay = Replay(self)
         if settings.seal_every is not None:
             self._sealer = Sealer(
                 objects,
@@ -179,7 +209,54 @@ class Run:
     # -- reading -------------------------------------------------------------------------
     @property
     def finished(self) -> bool:
+        """True when every step is done: a fixed plan's last, or a growing plan's FINISH."""
+        if self.head.grown is not None:
+            return self.head.grown.finished
         return self.head.frontier.step is None and not self.head.effects
+
+    @property
+    def grows(self) -> bool:
+        """True if the task's plan grows as it runs (`Plan.grow`)."""
+        return bool(self.plan.grows)
+
+    @property
+    def plan_digest(self) -> str:
+        """The plan digest at HEAD: a growing plan's covers every step decided so far."""
+        return head_digest(self.head)
+
+    @property
+    def position(self) -> int:
+        """The replay cursor: how many positions the agent's code has passed (via `at`,
+        `decide`, `append`) in this process; 0 on every start and resume."""
+        return self._replay.cursor
+
+    def at(self, step_id: str, *, effect: bool = False, args: str | None = None) -> Position:
+        """The agent's code is at its next position and wants step `step_id` (an effect if
+        `effect`; `args`, a journaled call's argument digest). DONE: the step is recorded
+        there (its outcome is `run.outcome(step_id)`). PENDING: it is decided and not done,
+        maybe by this call, which commits the decision (a growing plan) before it returns;
+        do its work and commit it. PlanDriftError (ReplayDriftError) if the task recorded
+        another step, kind or argument digest there."""
+        return self._replay.at(step_id, effect, args)
+
+    def decide(self, step_id: str, *, effect: bool = False, args: str | None = None) -> None:
+        """`at`, for a step that must not be done yet: UsageError if it is."""
+        if self.at(step_id, effect=effect, args=args) is Position.DONE:
+            raise UsageError(
+                f"step {step_id!r} of task {self.task_id!r} is done already (position "
+                f"{self.position - 1}); use run.at() to replay it"
+            )
+
+    def append(self, step_id: str, result: Any = None, *, args: str | None = None) -> str | None:
+        """Decide plain step `step_id` and record its `result` in one commit (a growing
+        plan; data already in hand). At a position already recorded it checks the step is
+        the one recorded and commits nothing (returns None); else the snapshot id."""
+        return self._replay.append(step_id, result, args)
+
+    def finish(self) -> str:
+        """A growing task says it is done (a FINISH commit; nothing but seal or forget may
+        follow); returns HEAD's id. Refused while a step is decided and not done."""
+        return self._replay.finish()
 
     @property
     def next_step(self) -> str | None:
@@ -218,8 +295,9 @@ class Run:
         return self.outcome(step_id).receipt
 
     # -- committing ----------------------------------------------------------------------
-    def commit_step(self, step_id: str, result: Any = None) -> str:
+    def commit_step(self, step_id: str, result: Any = None, *, args: str | None = None) -> str:
         """Record that plain step `step_id` finished with `result`; returns the snapshot id.
+        `args`: the argument digest of a journaled call, recorded with it (format v2).
 
         Pass a `BlobRef` from `store.put_blob(...)` for a large result.
         """
@@ -229,6 +307,12 @@ class Run:
                 f"step {step_id!r} is an effect: run it with `with run.effect({step_id!r}) as "
                 "call:` so its key is persisted before the request"
             )
+        inline, ref = self.checked_result(step_id, result)
+        return self.record_step(step_id, inline, ref, args=args)
+
+    def checked_result(self, step_id: str, result: Any) -> tuple[Any, str | None]:
+        """(inline value, object id) of step `step_id`'s result: a stored object's reference
+        must name an object of its kind in this store."""
         stored = stored_result(result)  # a BlobRef, RawRef or TreeRef: (id, kind)
         inline, ref = (None, stored[0]) if stored else (result, None)
         if ref is not None:
@@ -237,18 +321,104 @@ class Run:
             raise UsageError(
                 f"{stored[1]} {ref} is not in this store; store it with store.put_{stored[1]}()"
             )
-        transition = Transition(TransitionKind.STEP, step=step_id, result=inline, result_ref=ref)
-        snapshot_id = self.advance(transition, self.head.effects, move_frontier=True)
-        self._outcomes.record(Outcome(step_id, self.head.seq, inline, ref))
+        return inline, ref
+
+    def record_step(
+        self,
+        step_id: str,
+        inline: Any,
+        ref: str | None,
+        *,
+        args: str | None = None,
+        decided: Step | None = None,
+    ) -> str:
+        """Commit the STEP transition of `step_id` (checked by the caller); `decided`: the
+        step is decided by this very commit (a growing plan's `append`)."""
+        transition = Transition(
+            TransitionKind.STEP,
+            step=step_id,
+            result=inline,
+            result_ref=ref,
+            decided=decided,
+            args=args,
+        )
+        grown = None
+        if decided is not None:
+            grown = self.grown_by(decided, args)
+        index = self.head.frontier.index
+        snapshot_id = self.advance(transition, self.head.effects, move_frontier=True, grown=grown)
+        self._outcomes.record(Outcome(step_id, self.head.seq, inline, ref, args=args, index=index))
+        self._replay.passed(index)
         return snapshot_id
 
-    def _frontier_step(self, step_id: str) -> Any:
-        if self.head.frontier.step != step_id:
+    def grown_by(self, step: Step, args: str | None) -> Grown:
+        """HEAD's `grown` once `step` is decided (refusing a repeat or a plan too long)."""
+        grown = self.head.grown
+        if grown is None:
             raise UsageError(
-                f"step {step_id!r} is not the next step of task {self.task_id!r} "
-                f"(next: {self.head.frontier.step!r}); steps run in plan order"
+                f"task {self.task_id!r} has a fixed plan ({self.plan.name!r}): only a plan "
+                "made with Plan.grow decides steps as it runs"
             )
-        return self.plan.steps[self.head.frontier.index]
+        if grown.finished:
+            raise UsageError(f"task {self.task_id!r} is finished: nothing more may be decided")
+        if grown.steps >= limits.MAX_GROWN_STEPS:
+            raise PlanTooLongError(self.task_id, limits.MAX_GROWN_STEPS)
+        validate_step_id(step.id)
+        repeated, first = self._first_position(step.id)
+        if repeated:
+            raise StepRepeatedError(self.task_id, step.id, first)
+        return Grown(grown.steps + 1, roll_digest(grown.digest, step, args))
+
+    def _first_position(self, step_id: str) -> tuple[bool, int | None]:
+        """(True, its position) if the task has step `step_id` already, else (False, None)."""
+        for position, step in enumerate(self.plan.steps):
+            if step.id == step_id:
+                return True, position
+        if self.head.frontier.step == step_id:
+            return True, self.head.frontier.index
+        try:
+            return True, self._outcomes[step_id].index
+        except KeyError:
+            return False, None
+
+    def planned(self, step_id: str) -> EffectRecord:
+        """The PLANNED record of effect `step_id` decided now, with its key."""
+        key = effect_key(self.task_id, self.plan, self.plan_id, step_id)
+        return EffectRecord(step_id, key, EffectState.PLANNED, self._settings.clock())
+
+    def snapshot_at(self, seq: int) -> Snapshot | None:
+        """The snapshot of this task at `seq`, from its slot or the sealed pack holding it;
+        None when neither is there any more (a look-back for an error message)."""
+        data: bytes | None
+        try:
+            data = self._slots.read(seq)
+        except (OSError, CastoreError):
+            data = self._outcomes.snapshot_bytes(seq)
+        if data is None:
+            return None
+        snapshot = decode_snapshot(self.task_id, hash_bytes(data), data)
+        return snapshot if snapshot.seq == seq else None
+
+    def frontier_step(self) -> Step | None:
+        """The step at the frontier (decided, not done), or None."""
+        frontier = self.head.frontier
+        if frontier.step is None:
+            return None
+        if frontier.index < len(self.plan.steps):
+            return self.plan.steps[frontier.index]
+        # A decided step: an effect has its record (PLANNED at least) until it is CONFIRMED.
+        return Step(frontier.step, self.head.effect(frontier.step) is not None)
+
+    def _frontier_step(self, step_id: str) -> Step:
+        step = self.frontier_step()
+        if step is None or step.id != step_id:
+            what = "the next step" if not self.grows else "the decided step"
+            raise UsageError(
+                f"step {step_id!r} is not {what} of task {self.task_id!r} "
+                f"(next: {self.head.frontier.step!r}); steps run in plan order"
+                + ("; decide it first with run.at() or run.decide()" if self.grows else "")
+            )
+        return step
 
     def advance(
         self,
@@ -260,6 +430,7 @@ class Run:
         plan_id: str | None = None,
         sealed: Sealed | None = None,
         packs_written: tuple[str, ...] = (),
+        grown: Grown | None = None,
     ) -> str:
         """Commit one transition as the successor of HEAD. Any loss makes this run stale.
         The snapshot carries `sealed`, else a pack the sealer published since the last
@@ -294,7 +465,13 @@ class Run:
             time_ms=self._settings.clock(),
             writer=self._writer,
             sealed=sealed or self._next_anchor(),
+            grown=grown or self.head.grown,
         )
+        if snapshot_version(snapshot) > self._settings.version:
+            raise UsageError(
+                f"task {self.task_id!r}: this commit writes format-2 records into a "
+                f"format-{self._settings.version} store; run `castore upgrade` first"
+            )
         data = encode_snapshot(snapshot, self._settings)
         if not self._head_durable:
             fsio.fsync_dir(self._slots.directory)
@@ -369,7 +546,12 @@ class Run:
         return self._settings.live_env()
 
     def record_outcome(self, outcome: Outcome) -> None:
+        """An outcome HEAD just recorded (its index: the frontier it moved from)."""
+        if outcome.index is None:
+            outcome = attrs.evolve(outcome, index=self.head.frontier.index - 1)
         self._outcomes.record(outcome)
+        if outcome.index is not None:
+            self._replay.passed(outcome.index)
 
     # -- effects (the protocol itself is in castore.protocol) --------------------------
     def next_action(self, step_id: str | None = None) -> NextAction:
@@ -381,6 +563,7 @@ class Run:
     ) -> AbstractContextManager[Call]:
         """Submit effect `step_id`: SUBMITTED is durable before the body runs; the body
         sends the request with `call.key` and ends with `call.confirm(receipt)`."""
+        self._replay_effect(step_id)
         return protocol.effect(self, step_id, service, key)
 
     def perform(
@@ -388,7 +571,14 @@ class Run:
     ) -> str:
         """Drive effect `step_id` to CONFIRMED whatever its state: submit, resubmit, reconcile
         or mark it unresolved, per the next-action table. Returns the receipt."""
+        if self._replay_effect(step_id) is Position.DONE:
+            return self.receipt(step_id) or ""
         return protocol.perform(self, step_id, service, send, key)
+
+    def _replay_effect(self, step_id: str) -> Position | None:
+        """A growing plan's effect goes through the cursor: decided (its key durable) before
+        anything is submitted, checked against the record on a replay."""
+        return self.at(step_id, effect=True) if self.grows else None
 
     def reconcile(self, step_id: str, service: Service) -> NextAction:
         """Ask the service by key what happened to an in-flight effect, and commit the answer."""
@@ -400,6 +590,8 @@ class Run:
         return protocol.settle(self, service)
 
     def _frontier_at(self, index: int) -> Frontier:
+        """The frontier at `index`: a plan step there, else None (done, or a growing plan
+        waiting for its next decision)."""
         steps = self.plan.steps
         return Frontier(index, steps[index].id if index < len(steps) else None)
 

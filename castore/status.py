@@ -55,6 +55,10 @@ def frontier_action(verified: VerifiedHead, now_ms: int) -> NextAction:
     record = head.effect(head.frontier.step) if head.frontier.step is not None else None
     if record is not None:
         return effect_action(record, now_ms, verified.clock)
+    if head.frontier.step is None and head.grown is not None and not head.grown.finished:
+        return NextAction(
+            Action.RUN, None, reason="a growing plan: the agent decides its next step"
+        )
     if head.frontier.step is None:
         return NextAction(Action.DONE, None, reason="every step is finished")
     return NextAction(Action.RUN, head.frontier.step, reason="a plain step")
@@ -89,7 +93,9 @@ def describe(verified: VerifiedHead, now_ms: int) -> TaskStatus:
         head=verified.head_id,
         plan=head.plan,
         step=head.frontier.step,
-        finished=head.frontier.step is None and not head.effects,
+        finished=head.grown.finished
+        if head.grown is not None
+        else head.frontier.step is None and not head.effects,
         updated_ms=head.time_ms,
         effects=effects,
         next_action=action.action.value,

@@ -221,8 +221,9 @@ class Store:
     ) -> Run:
         """Create task `task_id` with `plan` and return its run; TaskExistsError if it exists."""
         slots = self._slots(task_id)
-        settings = RunSettings(env, allow_fields, self._budget, self._clock, self._seal_every)
+        settings = self._settings(env, allow_fields)
         validate_plan(plan)
+        self._require_fixed_in_v1(plan)
         # Built and checked (a secret in the id or the env anchor) before anything is written.
         head = initial_snapshot(task_id, plan, plan_digest(plan), settings)
         data = encode_snapshot(head, settings)
@@ -254,9 +255,10 @@ class Store:
     ) -> Run:
         """Verify task `task_id` from HEAD to its plan root, pass the gate, return its run."""
         slots = self._slots(task_id)
-        settings = RunSettings(env, allow_fields, self._budget, self._clock, self._seal_every)
+        settings = self._settings(env, allow_fields)
         refuse_recorded_secrets(task_id, None, settings)  # each commit would write it again
         validate_plan(plan)
+        self._require_fixed_in_v1(plan)
         plan_id = plan_digest(plan)
         with self._locked(task_id, lock_timeout) as lock:
             chain = self._verify_live(slots, (plan_id, plan), keep_tail=self._sealing)
@@ -348,7 +350,9 @@ class Store:
             chain = self._verify_live(slots, keep_tail=seal and self._sealing)
         anchor: EnvSource = chain.head.env if keep_env else env
         every = self._seal_every if seal else None
-        settings = RunSettings(anchor, (), self._budget, self._clock, every)
+        settings = RunSettings(
+            anchor, (), self._budget, self._clock, every, version=self.format_version
+        )
         return Run(self.objects, slots, chain, settings, lock)
 
     def seal_run(self, task_id: str) -> Run:
@@ -420,6 +424,22 @@ class Store:
         settings = RunSettings(None, allow_fields, self._budget, self._clock)
         refuse_recorded_secrets(new_task, None, settings)
         return fork.fork(self.objects, history, seq, new_slots, settings)
+
+    def _settings(self, env: EnvSource, allow_fields: Collection[str]) -> RunSettings:
+        """How a task's run commits in this store."""
+        return RunSettings(
+            env,
+            allow_fields,
+            self._budget,
+            self._clock,
+            self._seal_every,
+            version=self.format_version,
+        )
+
+    def _require_fixed_in_v1(self, plan: Plan) -> None:
+        """A growing plan is format 2 (its plan object and every snapshot of its task)."""
+        if plan.grows:
+            self._require_v2(f"a growing plan ({plan.name!r})")
 
     def _require_v2(self, verb: str) -> None:
         """A v1 store is written as v1 until it is upgraded: nothing v2-only (a raw or tree
