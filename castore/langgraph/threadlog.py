@@ -1,102 +1,62 @@
-"""An append-only log of trees, one castore task family per LangGraph thread namespace.
+"""An append-only log of trees: one castore task with a growing plan per LangGraph thread
+namespace (and generation), each entry a step `e<n>` whose result is the entry's tree.
 
-The saver needs three things of a thread: append one tree durably (a commit through the
-exclusive-create commit point), read back the trees in order, and know whether another
-writer appended since. Growing plans (one task, `run.append(step, tree)`) are the natural
-home; until they land, a log is a sequence of segment tasks whose fixed plan has SEGMENT
-plain steps, each step's result one tree. A segment that is full is followed by the next.
+The saver needs three things of a thread: append one tree durably (`run.append`: one commit
+through the exclusive-create commit point), read back the trees in order, and know whether
+another writer appended since (one lstat of the next slot).
 """
 
 from __future__ import annotations
 
 import os
-from functools import cache
 
-from castore.errors import TaskForgottenError, TaskNotFoundError, UsageError
+from castore.errors import TaskNotFoundError, UsageError
 from castore.layout import CHAIN_DIR, slot_name
 from castore.records import Plan
 from castore.run import Run
 from castore.store import Store
 from castore.trees import TreeRef
 
-SEGMENT = 128  # steps per segment task: its plan object (one, shared by all) stays ~6 KB
+_PLAN = Plan.grow("castore-langgraph-log")
 # Seal a log this often: a snapshot (~600 bytes) outweighs a LangGraph step's new data, and a
 # pack holds the sealed ones zlib-compressed, so the slots of a long thread cost a fraction.
 SEAL_EVERY = 64
-_PLAN_NAME = "castore-langgraph-log"
-
-
-@cache
-def segment_plan() -> Plan:
-    return Plan.build(_PLAN_NAME, *(f"e{i}" for i in range(SEGMENT)))
-
-
-def _segment_task(task_id: str, segment: int) -> str:
-    return f"{task_id}_s{segment}"
 
 
 class ThreadLog:
-    """The log of one task family; `open` returns None if it was never started, raises
+    """The log of one task; `open` returns None if it was never started and raises
     TaskForgottenError if it was deleted. Not thread-safe: the saver serialises calls."""
 
-    def __init__(self, store: Store, task_id: str) -> None:
+    def __init__(self, store: Store, task_id: str, run: Run) -> None:
         self.store = store
         self.task_id = task_id
-        self._run: Run | None = None  # the last segment's run, the only one appended to
-        self._segment = 0
+        self._run: Run | None = run
         self._entries: list[str] = []
+        for index in range(run.head.grown.steps if run.head.grown is not None else 0):
+            step = f"e{index}"
+            run.at(step)  # the replay cursor to the end: the next append is a new position
+            ref = run.outcome(step).result_ref
+            if ref is None:
+                raise UsageError(
+                    f"task {task_id!r} step {step} records no tree: it is not a "
+                    "castore.langgraph log; use another store or thread id"
+                )
+            self._entries.append(ref)
 
     @classmethod
     def open(cls, store: Store, task_id: str) -> ThreadLog | None:
-        log = cls(store, task_id)
-        return log if log._load() else None
+        # lock_timeout=None: no local lock held for the log's lifetime; two writers are
+        # kept apart by the commit point alone (the loser gets ConflictError).
+        try:
+            run = store.resume(task_id, _PLAN, lock_timeout=None)
+        except TaskNotFoundError:
+            return None
+        return cls(store, task_id, run)
 
     @classmethod
     def create(cls, store: Store, task_id: str) -> ThreadLog:
-        log = cls(store, task_id)
-        if not log._load():
-            # lock_timeout=None: no local lock held for the log's lifetime; two writers are
-            # kept apart by the commit point alone (the loser gets ConflictError).
-            log._run = store.start(_segment_task(task_id, 0), segment_plan(), lock_timeout=None)
-        return log
-
-    def _load(self) -> bool:
-        """Read every segment; keep the last one's run. False if segment 0 does not exist."""
-        self.close()
-        self._entries, segment = [], 0
-        while True:
-            try:
-                run = self.store.resume(
-                    _segment_task(self.task_id, segment), segment_plan(), lock_timeout=None
-                )
-            except TaskNotFoundError:
-                if segment == 0:
-                    return False
-                break
-            except TaskForgottenError:
-                if segment == 0:
-                    raise
-                break  # a delete that a crash interrupted after segment 0's tombstone
-            index = run.head.frontier.index if not run.finished else SEGMENT
-            for i in range(index):
-                ref = run.outcome(f"e{i}").result_ref
-                if ref is None:
-                    raise UsageError(
-                        f"task {run.task_id!r} step e{i} records no tree: it is not a "
-                        "castore.langgraph log; use another store or thread id"
-                    )
-                self._entries.append(ref)
-            if self._run is not None:
-                self._run.close()
-            self._run, self._segment = run, segment
-            if not run.finished:
-                break
-            segment += 1
-        return True
-
-    def reload(self) -> None:
-        if not self._load():
-            raise TaskNotFoundError(self.task_id)
+        """Start the log; TaskExistsError if another writer started it first."""
+        return cls(store, task_id, store.start(task_id, _PLAN, lock_timeout=None))
 
     @property
     def entries(self) -> list[str]:
@@ -108,12 +68,8 @@ class ThreadLog:
         run = self._run
         if run is None:
             return False
-        if run.finished:
-            task, seq = _segment_task(self.task_id, self._segment + 1), 0
-        else:
-            task, seq = run.task_id, run.head.seq + 1
-        chain = os.path.join(self.store.layout.task_dir(task), CHAIN_DIR)
-        return os.path.lexists(os.path.join(chain, slot_name(seq)))
+        chain = os.path.join(self.store.layout.task_dir(self.task_id), CHAIN_DIR)
+        return os.path.lexists(os.path.join(chain, slot_name(run.head.seq + 1)))
 
     def append(self, tree: TreeRef) -> None:
         """Commit `tree` as the next entry: durable when this returns. ConflictError if
@@ -121,29 +77,15 @@ class ThreadLog:
         run = self._run
         if run is None:
             raise UsageError(f"the log of {self.task_id!r} is closed")
-        if run.finished:
-            nxt = self.store.start(
-                _segment_task(self.task_id, self._segment + 1), segment_plan(), lock_timeout=None
-            )
-            run.close()
-            self._run, self._segment, run = nxt, self._segment + 1, nxt
-        run.commit_step(f"e{run.head.frontier.index}", tree)
+        run.append(f"e{len(self._entries)}", tree)
         self._entries.append(tree.tree)
-        if run.head.seq % SEAL_EVERY == 0 and not run.finished:
+        if run.head.seq % SEAL_EVERY == 0:
             run.seal_now()
 
     def forget(self, *, why: str) -> None:
-        """End the log for good: segment 0's tombstone first (from then on the log reads as
-        deleted), then the others', so gc reclaims all of it."""
-        last = self._segment
+        """End the log for good (a tombstone through the commit point); gc reclaims it."""
         self.close()
-        for segment in range(last + 1):
-            self.store.forget(
-                _segment_task(self.task_id, segment),
-                who="castore.langgraph",
-                why=why,
-                force_in_flight=True,
-            )
+        self.store.forget(self.task_id, who="castore.langgraph", why=why, force_in_flight=True)
 
     def close(self) -> None:
         if self._run is not None:
