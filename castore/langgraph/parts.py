@@ -1,12 +1,13 @@
 """Channel values as content-addressed castore objects.
 
 A value is one raw object (LangGraph's serializer's bytes, its type name before them). A
-list is a tree of raw elements: LangGraph keeps a conversation as a list that grows by a few
-messages a step, and serializing it whole at every checkpoint stores the history once per
-step (quadratic). A list whose previous version is its prefix is stored as a delta tree
-naming that version (`base`) and the new elements only, so a step costs its new messages;
-every DELTA_DEPTH deltas, a flat tree names every element again, which bounds a read to
-that many trees (and keeps trees within castore's nesting limit).
+list is kept by element, in the put tree that stores it: LangGraph keeps a conversation as a
+list that grows by a few messages a step, and serializing it whole at every checkpoint stores
+the history once per step (quadratic). At slot `v<i>` of a put tree, a list whose previous
+version is its prefix names that version (`v<i>.b.<its slot>`: the earlier put tree) and its
+new elements only (`v<i>.e<index>`), so a step costs its new messages; every DELTA_DEPTH
+deltas it names every element again, which bounds a read to that many trees (and keeps trees
+within castore's nesting limit).
 """
 
 from __future__ import annotations
@@ -22,18 +23,19 @@ from castore.langgraph.deps import SerializerProtocol
 from castore.store import Store
 from castore.trees import RawRef, TreeRef, raw_bytes
 
-DELTA_DEPTH = 32
+DELTA_DEPTH = 90  # castore nests trees at most 100 deep (trees.MAX_TREE_DEPTH)
 _CACHE_BYTES = 64 << 20  # raw bodies kept (immutable, verified once): repeat reads are free
-_LIST = "lg-list"
 
 
 @attrs.frozen
 class ListInfo:
-    """A stored list: its tree, its elements' ids in order, how many deltas deep it is."""
+    """A stored list: its key (put tree and slot), its elements' ids in order, how many
+    deltas deep it is; `refs`, while it is being stored, what its put tree names for it."""
 
     tree: str
     elements: tuple[str, ...]
     depth: int
+    refs: dict[str, str] = attrs.field(factory=dict)
 
 
 class Parts:
@@ -91,53 +93,63 @@ class Parts:
             self._size -= len(dropped)
 
     # -- values of channels --------------------------------------------------------------
-    def put_value(self, value: Any, previous: str | None, body: bytes | None = None) -> str:
-        """Store a channel's value (`body`: its encoding, if made already); `previous`: the
-        id of that channel's last stored value (a list whose prefix this one may extend)."""
-        if type(value) is not list or not value:
-            return self.put_body(body if body is not None else self.encode(value))
+    def put_value(self, value: Any, body: bytes | None = None) -> str:
+        """Store a value that is not kept by element: one raw object."""
+        return self.put_body(body if body is not None else self.encode(value))
+
+    def list_refs(self, value: list[Any], previous: str | None, slot: str) -> ListInfo:
+        """The parts of list `value` for the put tree that will hold it at `slot`: its
+        `tree` field is left "" (the put's tree is not made yet) and `refs` say what to
+        name. `previous`: the key of the channel's last stored list, whose prefix it may be."""
         prev = self.list_info(previous) if previous is not None else None
         known = set(prev.elements) if prev is not None else set()
         elements = tuple(self.put_body(self.encode(item), known) for item in value)
         n = len(prev.elements) if prev is not None else 0
         if prev is not None and prev.depth < DELTA_DEPTH and elements[:n] == prev.elements:
-            refs = {"base": prev.tree, **{f"e{i}": elements[i] for i in range(n, len(elements))}}
-            depth = prev.depth + 1
-        else:
-            refs, depth = {f"e{i}": part for i, part in enumerate(elements)}, 0
-        tree = self.store.put_tree(refs, {"k": _LIST, "n": len(elements)}).tree
-        self._lists[tree] = ListInfo(tree, elements, depth)
-        return tree
+            base_tree, base_slot = prev.tree.split("#")
+            refs = {f"{slot}.b.{base_slot}": base_tree}
+            refs.update({f"{slot}.e{i}": elements[i] for i in range(n, len(elements))})
+            return ListInfo("", elements, prev.depth + 1, refs)
+        refs = {f"{slot}.e{i}": part for i, part in enumerate(elements)}
+        return ListInfo("", elements, 0, refs)
 
-    def list_info(self, object_id: str) -> ListInfo | None:
-        """The list stored at `object_id`, or None if it holds no list."""
-        found = self._lists.get(object_id)
-        if found is not None or object_id in self._bodies:  # a cached body is a raw value
-            return found
-        if self.store.objects.kind_of(object_id) != "tree":
+    def stored_list(self, tree_id: str, slot: str, info: ListInfo) -> str:
+        """The key of a list once its put tree is stored; remembered for the next delta."""
+        key = f"{tree_id}#{slot}"
+        self._lists[key] = ListInfo(key, info.elements, info.depth)
+        return key
+
+    def list_info(self, key: str) -> ListInfo | None:
+        """The list at `key` ("<put tree>#<slot>"), or None for a raw value's id."""
+        if "#" not in key:
             return None
-        chain: list[tuple[str, dict[str, str]]] = []
-        cursor: str | None = object_id
+        chain: list[tuple[str, str, dict[str, str]]] = []
+        cursor: str | None = key
         while cursor is not None and cursor not in self._lists:
-            tree = self.store.get_tree(TreeRef(cursor))
-            if not isinstance(tree.data, dict) or tree.data.get("k") != _LIST:
-                return None
-            chain.append((cursor, dict(tree.refs)))
-            cursor = tree.refs.get("base")
-        base = self._lists[cursor] if cursor is not None else None
-        for tree_id, refs in reversed(chain):
-            kept, depth = (base.elements, base.depth + 1) if base and "base" in refs else ((), 0)
-            start = len(kept)
-            added = tuple(refs[f"e{i}"] for i in range(start, start + len(refs) - bool(start)))
-            base = ListInfo(tree_id, kept + added, depth)
-            self._lists[tree_id] = base
-        return base
+            tree_id, slot = cursor.split("#")
+            refs = self.store.get_tree(TreeRef(tree_id)).refs
+            mine = {
+                name[len(slot) + 1 :]: part
+                for name, part in refs.items()
+                if name.startswith(slot + ".")
+            }
+            chain.append((cursor, slot, mine))
+            base = next((name for name in mine if name.startswith("b.")), None)
+            cursor = f"{mine[base]}#{base[2:]}" if base is not None else None
+        found = self._lists[cursor] if cursor is not None else None
+        for list_key, _, mine in reversed(chain):
+            has_base = any(name.startswith("b.") for name in mine)
+            kept, depth = (found.elements, found.depth + 1) if found and has_base else ((), 0)
+            added = tuple(mine[f"e{i}"] for i in range(len(kept), len(kept) + len(mine) - has_base))
+            found = ListInfo(list_key, kept + added, depth)
+            self._lists[list_key] = found
+        return found
 
-    def get_value(self, object_id: str | tuple[str, ...]) -> Any:
-        """A stored value: one part (a raw value or a list tree), or a list's element parts."""
-        if isinstance(object_id, tuple):
-            return [self.decode(self.body(part)) for part in object_id]
-        info = self.list_info(object_id)
+    def get_value(self, key: str | tuple[str, ...]) -> Any:
+        """A stored value: a raw object's id, a list's key, or a list's element parts."""
+        if isinstance(key, tuple):
+            return [self.decode(self.body(part)) for part in key]
+        info = self.list_info(key)
         if info is None:
-            return self.decode(self.body(object_id))
+            return self.decode(self.body(key))
         return [self.decode(self.body(part)) for part in info.elements]

@@ -20,7 +20,7 @@ import attrs
 from castore.errors import ConflictError, TaskExistsError, TaskForgottenError
 from castore.langgraph import names
 from castore.langgraph.deps import WRITES_IDX_MAP
-from castore.langgraph.parts import Parts
+from castore.langgraph.parts import ListInfo, Parts
 from castore.langgraph.threadlog import ThreadLog
 from castore.store import Store
 from castore.trees import TreeRef
@@ -91,17 +91,18 @@ class ThreadState:
         if kind == "m":
             self.thread_id, self.checkpoint_ns = header[0], header[1]
         elif kind == "p":
-            self._index_put(header, tree.refs)
+            self._index_put(tree_id, header, tree.refs)
         elif kind == "w":
             self._index_writes(header, tree.refs)
         elif kind == "d":
             for checkpoint_id in header:
                 self.saved.pop(checkpoint_id, None)
 
-    def _index_put(self, header: dict[str, Any], refs: dict[str, str]) -> None:
+    def _index_put(self, tree_id: str, header: dict[str, Any], refs: dict[str, str]) -> None:
         versions, inline = header["new_versions"], header["inline"]
+        listed = {name.split(".", 1)[0] for name in refs if "." in name}
         for i, channel in enumerate(header["channels"]):
-            part = refs.get(f"v{i}")
+            part = refs.get(f"v{i}") or (f"{tree_id}#v{i}" if f"v{i}" in listed else None)
             key = (channel, versions[channel])
             if str(i) in inline:
                 self.inline[key] = inline[str(i)]
@@ -120,13 +121,15 @@ class ThreadState:
             saved.writes[key] = (header["task_id"], channel, part, header["task_path"])
 
     # -- writing -------------------------------------------------------------------------
-    def append(self, kind: str, header: Any, refs: dict[str, str]) -> None:
-        """Commit one event; ConflictError if another writer appended to this thread."""
+    def append(self, kind: str, header: Any, refs: dict[str, str]) -> str:
+        """Commit one event (returns its tree's id); ConflictError if another writer
+        appended to this thread."""
         tree = self.store.put_tree(
             {"h": self.parts.put_body(self.parts.encode(header)), **refs}, {"k": kind}
         )
         self._log().append(tree)
         self._apply(tree.tree)
+        return tree.tree
 
     def copy_event(self, tree_id: str) -> None:
         """Append another namespace's event (same objects): copy_thread."""
@@ -156,17 +159,23 @@ class ThreadState:
         values: dict[str, Any],
     ) -> None:
         channels = sorted(new_versions)
-        refs, inline = {}, {}
+        refs: dict[str, str] = {}
+        inline: dict[str, Any] = {}
+        lists: dict[str, ListInfo] = {}
         for i, channel in enumerate(channels):
             if channel not in values:
                 continue
             value = values[channel]
-            body = None if type(value) is list else self.parts.encode(value)
-            if body is not None and len(body) <= INLINE_BYTES:
+            if type(value) is list and value:
+                info = self.parts.list_refs(value, self.latest_value.get(channel), f"v{i}")
+                lists[f"v{i}"] = info
+                refs.update(info.refs)
+                continue
+            body = self.parts.encode(value)
+            if len(body) <= INLINE_BYTES:
                 inline[str(i)] = value  # one object less per step for a counter or a flag
             else:
-                previous = self.latest_value.get(channel)
-                refs[f"v{i}"] = self.parts.put_value(value, previous, body)
+                refs[f"v{i}"] = self.parts.put_value(value, body)
         header = {
             "checkpoint": checkpoint,
             "metadata": metadata,
@@ -175,7 +184,9 @@ class ThreadState:
             "channels": channels,
             "inline": inline,
         }
-        self.append("p", header, refs)
+        tree = self.append("p", header, refs)
+        for slot, info in lists.items():
+            self.parts.stored_list(tree, slot, info)
 
     def put_writes(
         self, checkpoint_id: str, writes: list[tuple[str, Any]], task_id: str, task_path: str
