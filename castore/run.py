@@ -155,6 +155,9 @@ def initial_snapshot(task_id: str, plan: Plan, plan_id: str, settings: RunSettin
     )
 
 
+_REACHED_KEPT = 1 << 16  # object ids remembered as reached by this run's commits
+
+
 class Run:
     """The handle an agent works through. Only a run whose commits keep winning may act."""
 
@@ -183,6 +186,7 @@ class Run:
         # got CommitUncertainError): a successor linked before it is durable could survive a
         # power loss without it, a gap no resume gets past. The first commit syncs it first.
         self._head_durable = False
+        self._reached: set[str] = set()  # objects this run's acknowledged commits reach
         self._writer = Writer(socket.gethostname(), os.getpid(), secrets.token_hex(8))
         # Set by resume when the environment check was deferred until in-flight effects settle.
         self.env_unverified = False
@@ -474,8 +478,12 @@ class Run:
             fsio.fsync_dir(self._slots.directory)
             self._head_durable = True
         # What no earlier slot names: gc could remove it before it sees this commit (refs.py).
+        # Trees an acknowledged commit of this run reached are kept by gc as long as that
+        # slot is there: not opened again, so a result naming a long history costs its news.
         reached = (
-            parts_reached(self._objects, transition.result_ref) if transition.result_ref else []
+            parts_reached(self._objects, transition.result_ref, self._reached)
+            if transition.result_ref
+            else []
         )
         relies_on = [*reached, *([plan_id] if plan_id is not None else [])]
         if snapshot.sealed is not None and snapshot.sealed != self.head.sealed:
@@ -486,6 +494,9 @@ class Run:
         except (ConflictError, CommitUncertainError) as exc:
             self._stale = exc  # the run no longer knows HEAD: it must stop and resume
             raise
+        if len(self._reached) > _REACHED_KEPT:
+            self._reached.clear()
+        self._reached.update(reached)
         self.chain_clock = self.chain_clock.linked(
             self.head.time_ms, snapshot.seq, snapshot.time_ms
         )

@@ -1,0 +1,238 @@
+"""One thread namespace as the saver sees it: its log, and an index of what the log holds.
+
+Every event of the log is one tree, `data` {"k": kind} and its parts by position names:
+- "m" meta: part "h" = (thread_id, checkpoint_ns); the first event of every generation.
+- "p" put: "h" = {checkpoint (channel_values removed), metadata, parent, new_versions,
+  channels}, "v<i>" = the value of channels[i] at its new version (absent: empty).
+- "w" writes: "h" = {checkpoint_id, task_id, task_path, writes: [[channel, idx], ...]},
+  "x<i>" = the value of writes[i]; only the writes first-write-wins lets in.
+- "d" drop: "h" = the checkpoint ids deleted (delete_for_runs, prune keep_latest).
+Names and ids live in LangGraph's serializer's bytes ("h"), never in a tree's own fields,
+so a hostile thread id or channel name is never judged as castore data.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from castore.errors import ConflictError, TaskExistsError, TaskForgottenError
+from castore.langgraph import names
+from castore.langgraph.deps import WRITES_IDX_MAP
+from castore.langgraph.parts import ListInfo, Parts
+from castore.langgraph.threadlog import ThreadLog
+from castore.store import Store
+from castore.trees import TreeRef
+
+WriteKey = tuple[str, int]  # (task_id, idx)
+# A channel value whose serialized bytes are at most this goes in its put's header, not an
+# object of its own (an object costs its file, two fsyncs and a name in the tree).
+INLINE_BYTES = 256
+
+
+def _elements(refs: dict[str, str], prefix: str) -> tuple[str, ...]:
+    """The parts `prefix`0, `prefix`1, ... of a tree, in order: a list stored by element."""
+    found: list[str] = []
+    while (part := refs.get(f"{prefix}{len(found)}")) is not None:
+        found.append(part)
+    return tuple(found)
+
+
+@attrs.define
+class Saved:
+    """A checkpoint of the index: its header (decoded) and where its writes are."""
+
+    header: dict[str, Any]
+    # (task_id, channel, value: one part, or a list's element parts, task_path)
+    writes: dict[WriteKey, tuple[str, str, str | tuple[str, ...], str]] = attrs.field(factory=dict)
+
+
+class ThreadState:
+    """The index of one namespace of one thread (its live generation)."""
+
+    def __init__(self, store: Store, parts: Parts, base: str) -> None:
+        self.store = store
+        self.parts = parts
+        self.base = base  # names.task_base(thread_id, ns)
+        self.thread_id: str | None = None
+        self.checkpoint_ns: str | None = None
+        self.generation = 0
+        self.log: ThreadLog | None = None
+        self.load()
+
+    # -- loading -------------------------------------------------------------------------
+    def load(self) -> None:
+        """Find the live generation (the first not forgotten) and index its log."""
+        if self.log is not None:
+            self.log.close()
+        self.log = None
+        self.saved: dict[str, Saved] = {}
+        self.blobs: dict[tuple[str, Any], str | None] = {}
+        self.inline: dict[tuple[str, Any], Any] = {}  # small values kept in a put's header
+        self.latest_value: dict[str, str] = {}  # channel -> id of its last stored value
+        generation = 0
+        while True:
+            try:
+                log = ThreadLog.open(self.store, names.generation(self.base, generation))
+            except TaskForgottenError:
+                generation += 1
+                continue
+            break
+        self.generation, self.log = generation, log
+        if log is not None:
+            for tree_id in log.entries:
+                self._apply(tree_id)
+
+    def _apply(self, tree_id: str) -> None:
+        tree = self.store.get_tree(TreeRef(tree_id))
+        kind = tree.data.get("k") if isinstance(tree.data, dict) else None
+        header = self.parts.decode(self.parts.body(tree.refs["h"]))
+        if kind == "m":
+            self.thread_id, self.checkpoint_ns = header[0], header[1]
+        elif kind == "p":
+            self._index_put(tree_id, header, tree.refs)
+        elif kind == "w":
+            self._index_writes(header, tree.refs)
+        elif kind == "d":
+            for checkpoint_id in header:
+                self.saved.pop(checkpoint_id, None)
+
+    def _index_put(self, tree_id: str, header: dict[str, Any], refs: dict[str, str]) -> None:
+        versions, inline = header["new_versions"], header["inline"]
+        listed = {name.split(".", 1)[0] for name in refs if "." in name}
+        for i, channel in enumerate(header["channels"]):
+            part = refs.get(f"v{i}") or (f"{tree_id}#v{i}" if f"v{i}" in listed else None)
+            key = (channel, versions[channel])
+            if str(i) in inline:
+                self.inline[key] = inline[str(i)]
+            self.blobs[key] = part
+            if part is not None:
+                self.latest_value[channel] = part
+        self.saved[header["checkpoint"]["id"]] = Saved(header)
+
+    def _index_writes(self, header: dict[str, Any], refs: dict[str, str]) -> None:
+        saved = self.saved.get(header["checkpoint_id"])
+        if saved is None:
+            return  # writes of a checkpoint since deleted
+        for i, (channel, idx) in enumerate(header["writes"]):
+            key = (header["task_id"], idx)
+            part = refs.get(f"x{i}") or _elements(refs, f"x{i}.")
+            saved.writes[key] = (header["task_id"], channel, part, header["task_path"])
+
+    # -- writing -------------------------------------------------------------------------
+    def append(self, kind: str, header: Any, refs: dict[str, str]) -> str:
+        """Commit one event (returns its tree's id); ConflictError if another writer
+        appended to this thread."""
+        tree = self.store.put_tree(
+            {"h": self.parts.put_body(self.parts.encode(header)), **refs}, {"k": kind}
+        )
+        self._log().append(tree)
+        self._apply(tree.tree)
+        return tree.tree
+
+    def copy_event(self, tree_id: str) -> None:
+        """Append another namespace's event (same objects): copy_thread."""
+        tree = self.store.get_tree(TreeRef(tree_id))
+        if isinstance(tree.data, dict) and tree.data.get("k") != "m":
+            self._log().append(TreeRef(tree_id))
+            self._apply(tree_id)
+
+    def _log(self) -> ThreadLog:
+        """The log, started (with its meta event) on the first write of a generation."""
+        if self.log is None:
+            task = names.generation(self.base, self.generation)
+            try:
+                self.log = ThreadLog.create(self.store, task)
+            except TaskExistsError as exc:
+                # Another worker started this thread after this saver looked.
+                raise ConflictError(task, "<none: new thread>", "<another writer's>", 0) from exc
+            self.append("m", (self.thread_id, self.checkpoint_ns), {})
+        return self.log
+
+    def put(
+        self,
+        checkpoint: dict[str, Any],
+        metadata: Any,
+        parent: str | None,
+        new_versions: dict[str, Any],
+        values: dict[str, Any],
+    ) -> None:
+        channels = sorted(new_versions)
+        refs: dict[str, str] = {}
+        inline: dict[str, Any] = {}
+        lists: dict[str, ListInfo] = {}
+        for i, channel in enumerate(channels):
+            if channel not in values:
+                continue
+            value = values[channel]
+            if type(value) is list and value:
+                info = self.parts.list_refs(value, self.latest_value.get(channel), f"v{i}")
+                lists[f"v{i}"] = info
+                refs.update(info.refs)
+                continue
+            body = self.parts.encode(value)
+            if len(body) <= INLINE_BYTES:
+                inline[str(i)] = value  # one object less per step for a counter or a flag
+            else:
+                refs[f"v{i}"] = self.parts.put_value(value, body)
+        header = {
+            "checkpoint": checkpoint,
+            "metadata": metadata,
+            "parent": parent,
+            "new_versions": {c: new_versions[c] for c in channels},
+            "channels": channels,
+            "inline": inline,
+        }
+        tree = self.append("p", header, refs)
+        for slot, info in lists.items():
+            self.parts.stored_list(tree, slot, info)
+
+    def put_writes(
+        self, checkpoint_id: str, writes: list[tuple[str, Any]], task_id: str, task_path: str
+    ) -> None:
+        saved = self.saved.get(checkpoint_id)
+        existing = saved.writes if saved is not None else {}
+        kept: dict[WriteKey, tuple[str, Any]] = {}
+        for idx, (channel, value) in enumerate(writes):
+            key = (task_id, WRITES_IDX_MAP.get(channel, idx))
+            # First write wins for ordinary channels; a special one (negative idx) replaces.
+            if key[1] >= 0 and key in existing:
+                continue
+            kept[key] = (channel, value)
+        if not kept:
+            return  # a retried put_writes: nothing new, nothing committed
+        refs: dict[str, str] = {}
+        for i, (_, value) in enumerate(kept.values()):
+            if type(value) is list and value:
+                # Element by element: the messages a node writes are the ones the next
+                # checkpoint's list holds, stored once for both.
+                for j, item in enumerate(value):
+                    refs[f"x{i}.{j}"] = self.parts.put_body(self.parts.encode(item))
+            else:
+                refs[f"x{i}"] = self.parts.put_body(self.parts.encode(value))
+        header = {
+            "checkpoint_id": checkpoint_id,
+            "task_id": task_id,
+            "task_path": task_path,
+            "writes": [[channel, key[1]] for key, (channel, _) in kept.items()],
+        }
+        self.append("w", header, refs)
+
+    def drop(self, checkpoint_ids: list[str]) -> None:
+        if checkpoint_ids:
+            self.append("d", sorted(checkpoint_ids), {})
+
+    def forget(self) -> None:
+        """Delete the namespace: its log's tasks are forgotten; the next put starts the
+        next generation."""
+        if self.log is not None:
+            self.log.forget(why="LangGraph delete_thread")
+        self.load()
+
+    def moved(self) -> bool:
+        return self.log is not None and self.log.moved()
+
+    def close(self) -> None:
+        if self.log is not None:
+            self.log.close()
