@@ -1,0 +1,53 @@
+"""The one module that imports langgraph and langchain (the optional extra castore[langgraph]).
+
+Every other castore.langgraph module takes these names from here, so that a missing extra is
+one clear ImportError at one place and `import castore` never loads either library.
+"""
+
+from __future__ import annotations
+
+try:
+    from langchain_core.language_models.chat_models import BaseChatModel
+    from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+    from langchain_core.outputs import ChatGeneration, ChatResult
+    from langchain_core.runnables import RunnableConfig
+    from langchain_core.tools import (
+        BaseTool,
+        InjectedToolCallId,
+        StructuredTool,
+        create_schema_from_function,
+    )
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.checkpoint.sqlite import SqliteSaver
+    from langgraph.graph import END, START, MessagesState, StateGraph
+    from langgraph.prebuilt import ToolNode, tools_condition
+    from langgraph.types import Command, interrupt
+except ImportError as exc:  # pragma: no cover - depends on how castore was installed
+    raise ImportError(
+        f"castore.langgraph needs the optional dependencies ({exc}); install them with "
+        "`pip install 'castore[langgraph]'`"
+    ) from exc
+
+__all__ = [
+    "END",
+    "START",
+    "AIMessage",
+    "BaseChatModel",
+    "BaseMessage",
+    "BaseTool",
+    "ChatGeneration",
+    "ChatResult",
+    "Command",
+    "InMemorySaver",
+    "InjectedToolCallId",
+    "MessagesState",
+    "RunnableConfig",
+    "SqliteSaver",
+    "StateGraph",
+    "StructuredTool",
+    "ToolMessage",
+    "ToolNode",
+    "create_schema_from_function",
+    "interrupt",
+    "tools_condition",
+]
