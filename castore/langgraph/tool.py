@@ -106,8 +106,9 @@ def interrupt_value(run: castore.Run, tool: str, call_id: str, why: str | None) 
     }
 
 
-def record_answer(run: castore.Run, answer: object) -> None:
-    """Record a person's answer to the interrupt as castore's audited resolution."""
+def record_answer(run: castore.Run, answer: object) -> str | None:
+    """Record a person's answer to the interrupt as castore's audited resolution; returns the
+    confirmed receipt, or None for "not done" (the call is then sent again, same key)."""
     if not isinstance(answer, Mapping) or len({"confirmed", "not_done"} & answer.keys()) != 1:
         raise UsageError(
             f"task {run.task_id!r}: resume an unresolved durable tool call with "
@@ -120,8 +121,9 @@ def record_answer(run: castore.Run, answer: object) -> None:
         if not isinstance(receipt, str) or not receipt.strip():
             raise UsageError(f"task {run.task_id!r}: the confirmed receipt must be a non-empty str")
         resolution.resolve(run, STEP, receipt=receipt, who=str(who), reason=answer.get("reason"))
-    else:
-        resolution.resolve(run, STEP, not_done=True, reason=str(answer["not_done"]), who=str(who))
+        return receipt
+    resolution.resolve(run, STEP, not_done=True, reason=str(answer["not_done"]), who=str(who))
+    return None
 
 
 class _Call:
@@ -159,7 +161,9 @@ class _Call:
                     answer = interrupt(
                         interrupt_value(run, self.tool.name, self.call_id, exc.reason)
                     )
-                    record_answer(run, answer)
+                    receipt = record_answer(run, answer)
+                    if receipt is not None:
+                        return receipt
 
 
 class _DurableTool:
