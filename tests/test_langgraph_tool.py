@@ -12,6 +12,8 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,10 +54,14 @@ class Payments:
         self.sent: list[str] = []  # every key a request was sent with
         self.drop_answers = 0
         self.refuse = 0
+        self.probe: Callable[[], bool] | None = None  # asked at each request, answers kept
+        self.probed: list[bool] = []
 
     def pay(self, order: str, amount: int, *, idempotency_key: str) -> str:
         """Pay an order."""
         self.sent.append(idempotency_key)
+        if self.probe is not None:
+            self.probed.append(self.probe())
         if self.refuse:
             self.refuse -= 1
             raise ConnectionError("connection refused: nothing was applied")
@@ -182,21 +188,49 @@ def test_hand_written_node_with_sqlite_saver(payments: Payments, store: castore.
     assert ["rcpt-1"] == tool_answers(app)
 
 
-@pytest.mark.parametrize("mode", ["async", "exit", None], ids=["async", "exit", "default"])
-def test_durability_that_can_lose_the_tool_call_is_refused(
-    payments: Payments, store: castore.Store, mode: str | None
-) -> None:
-    """In "async" (the default) and "exit" the checkpoint holding the model's tool call may
-    be lost to a crash, and the model's new call a new id: the tool refuses before anything
-    is sent or recorded, naming the mode to use."""
+def test_exit_durability_is_refused(payments: Payments, store: castore.Store) -> None:
+    """In durability "exit" nothing is checkpointed before the graph stops: after a crash the
+    model runs again and its new call has a new id. The tool refuses before anything is sent
+    or recorded, naming the mode to use."""
     app = build_agent(PayingModel(), reconciling(payments, store), InMemorySaver())
-    options = {} if mode is None else {"durability": mode}
     with pytest.raises(UnsafeDurabilityError) as caught:
-        app.invoke({"messages": [("user", "pay")]}, THREAD, **options)
-    assert (mode or "async") == caught.value.mode
+        app.invoke({"messages": [("user", "pay")]}, THREAD, durability="exit")
+    assert "exit" == caught.value.mode
     assert "durability='sync'" in str(caught.value)
     assert [] == payments.sent
     assert [] == list(store.tasks())
+
+
+class SlowSaver(InMemorySaver):
+    """A checkpointer whose writes take a while, as a disk under load does."""
+
+    def put(self, *args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.05)  # the latency under test, not a wait for a condition
+        return super().put(*args, **kwargs)
+
+    def holds_the_call(self) -> bool:
+        """True if the newest stored checkpoint ends with the model's tool call."""
+        latest = self.get_tuple(THREAD)
+        messages = latest.checkpoint["channel_values"].get("messages", []) if latest else []
+        return (
+            bool(messages) and isinstance(messages[-1], AIMessage) and bool(messages[-1].tool_calls)
+        )
+
+
+@pytest.mark.parametrize("mode", ["async", None], ids=["async", "default"])
+def test_async_durability_waits_for_the_checkpoint_holding_the_call(
+    payments: Payments, store: castore.Store, mode: str | None
+) -> None:
+    """In durability "async" (LangGraph's default) the checkpoint holding the model's tool
+    call is written in the background while the tools run; the durable tool waits until it
+    is stored before anything is recorded or sent, so a crash cannot change the call's id."""
+    saver = SlowSaver()
+    payments.probe = saver.holds_the_call
+    app = build_agent(PayingModel(order="o-4"), reconciling(payments, store), saver)
+    options = {} if mode is None else {"durability": mode}
+    app.invoke({"messages": [("user", "pay")]}, THREAD, **options)
+    assert [True] == payments.probed
+    assert ["rcpt-1"] == tool_answers(app)
 
 
 def test_outside_a_graph_thread_is_refused(payments: Payments, store: castore.Store) -> None:
@@ -321,7 +355,8 @@ def test_small_campaign_castore_never_pays_twice_where_the_baseline_does(workdir
     """Real SIGKILLs (right after the service committed, at castore's crash points, at random):
     the baseline arm (SqliteSaver + a plain tool) pays some orders twice; castore's arm pays
     every order exactly once and reports the receipt the service's ledger holds."""
-    tally = campaign(workdir, 2, Settings(seed=5))
+    settings = Settings(seed=5, after_apply_share=0.0, point_share=0.2, random_share=0.1)
+    tally = campaign(workdir, 2, settings)
     assert 2 == tally.runs
     assert tally.kills >= 4  # every thread's first run is killed after the payment
     assert [] == tally.problems

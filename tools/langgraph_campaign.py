@@ -49,6 +49,8 @@ def main() -> int:
         print(f"problem: {problem}")
     for note in tally.notes:
         print(f"baseline: {note}")
+    for name, (threads, kills, duplicates) in sorted(tally.table.items()):
+        print(f"arm={name} threads={threads} kills={kills} duplicates={duplicates}")
     print(f"elapsed_s={time.monotonic() - started:.1f} baseline_lost={tally.baseline_lost}")
     print(tally.line())
     return 0 if tally.duplicates == 0 and tally.lost == 0 else 1

@@ -3,6 +3,7 @@
 `import castore` never loads this package; import it as `castore.langgraph`.
 """
 
-from castore.langgraph.tool import UnsafeDurabilityError, durable_tool
+from castore.langgraph.durability import UnsafeDurabilityError
+from castore.langgraph.tool import durable_tool
 
 __all__ = ["UnsafeDurabilityError", "durable_tool"]

@@ -26,6 +26,7 @@ from castore.crashpoints import ENV_VAR
 from castore.lab.campaign import WORKER_TIMEOUT_S
 from castore.lab.service import ServiceProcess, read_ledger, start_service
 from castore.langgraph import agentlab
+from castore.langgraph.durability import SAFE_MODES
 
 MAX_ATTEMPTS = 200
 ARMS = ("baseline", "castore")
@@ -47,6 +48,11 @@ class Tally:
     baseline_lost: int = 0
     problems: list[str] = attrs.field(factory=list)  # castore's arm
     notes: list[str] = attrs.field(factory=list)  # the baseline's losses
+    # (arm, durability) -> [threads, kills, duplicates]: the campaign table
+    table: dict[str, list[int]] = attrs.field(factory=dict)
+
+    def row(self, arm: str, durability: str) -> list[int]:
+        return self.table.setdefault(f"{arm}/{durability}", [0, 0, 0])
 
     def line(self) -> str:
         keys = ("runs", "kills", "duplicates", "baseline_duplicates", "unresolved", "lost")
@@ -59,6 +65,7 @@ class Settings:
     kill_window_ms: float = 400.0
     after_apply_share: float = 0.3
     point_share: float = 0.2
+    random_share: float = 0.3
     # Each thread's first run is killed right after the service committed its payment: the
     # moment a re-execution pays twice. Later runs follow the random schedule.
     first_after_apply: bool = True
@@ -130,11 +137,14 @@ def drive(
     rng: random.Random,
     settings: Settings,
     tally: Tally,
-) -> str | None:
-    """Kill and restart one thread's agent until it finishes; returns the receipt it reports."""
+) -> tuple[str | None, list[int]]:
+    """Kill and restart one thread's agent until it finishes; returns the receipt it reports
+    and its row of the table (threads, kills, duplicates of its arm and durability)."""
     declare = rng.choice(("lookup", "none"))
-    durability = rng.choice(DURABILITIES) if arm == "baseline" else "sync"
+    durability = rng.choice(DURABILITIES if arm == "baseline" else SAFE_MODES)
     resume: str | None = None
+    row = tally.row(arm, durability)
+    row[0] += 1
     for attempt in range(MAX_ATTEMPTS):
         extra = {"declare": declare, "durability": durability}
         if resume is not None:
@@ -147,15 +157,17 @@ def drive(
             armed[agentlab.CRASH_AFTER_APPLY] = "1"
         elif roll < settings.after_apply_share + settings.point_share and arm == "castore":
             armed[ENV_VAR] = rng.choice(CASTORE_POINTS)
-        elif roll < 0.9:
+        elif roll < settings.after_apply_share + settings.point_share + settings.random_share:
             delay = rng.uniform(0, settings.kill_window_ms) / 1000
         code, output = _run_once(argv, armed, delay)
         if code == -signal.SIGKILL:
             tally.kills += 1
+            row[1] += 1
             continue
         resume = None
         if code == agentlab.EXIT_DONE:
-            return _last_json(output, code).get("done")
+            done: str | None = _last_json(output, code).get("done")
+            return done, row
         if code == agentlab.EXIT_UNRESOLVED:
             tally.unresolved += 1
             interrupt = _last_json(output, code)["unresolved"]
@@ -173,11 +185,14 @@ def _last_json(output: str, code: int) -> dict[str, Any]:
     raise RuntimeError(f"the agent exited {code} with no JSON result:\n{output!r}")
 
 
-def judge(arm: str, thread: str, receipt: str | None, ledger: Path, tally: Tally) -> None:
+def judge(
+    arm: str, thread: str, receipt: str | None, ledger: Path, *, tally: Tally, row: list[int]
+) -> None:
     """Count what the service applied for this thread's order against what the graph says."""
     applied = [e["receipt"] for e in read_ledger(ledger) if e["payload"]["order"] == thread]
     extra = max(0, len(applied) - 1)
     missing = int(not applied or receipt not in applied)
+    row[2] += extra
     if arm == "baseline":
         tally.baseline_duplicates += extra
         tally.baseline_lost += missing
@@ -199,7 +214,7 @@ def campaign(workdir: Path, runs: int, settings: Settings) -> Tally:
         for index in range(runs):
             for arm in ARMS:
                 thread = f"{arm}-{settings.seed}-{index}"
-                receipt = drive(
+                receipt, row = drive(
                     workdir,
                     arm,
                     thread,
@@ -209,6 +224,6 @@ def campaign(workdir: Path, runs: int, settings: Settings) -> Tally:
                     settings=settings,
                     tally=tally,
                 )
-                judge(arm, thread, receipt, ledger, tally)
+                judge(arm, thread, receipt, ledger, tally=tally, row=row)
             tally.runs += 1
     return tally

@@ -7,10 +7,8 @@ function is called and the receipt (CONFIRMED) after; a re-execution reconciles,
 the same key or, when nobody can know, pauses the graph with `interrupt(...)` for a person.
 
 The tool call id only stays the same if the checkpoint holding the model's message was durable
-before the tool ran, which only durability "sync" guarantees (in "async" the checkpoint is
-written in the background while the tools run; in "exit" only when the graph stops): a crash
-then re-runs the model, whose new message carries a new id, and the same payment would get a
-new key. So the tool refuses any other mode.
+before the tool acted: castore.langgraph.durability makes sure of it ("sync"; "async" waits
+for it) or refuses the mode ("exit").
 """
 
 from __future__ import annotations
@@ -35,43 +33,12 @@ from castore.langgraph.deps import (
     create_schema_from_function,
     interrupt,
 )
+from castore.langgraph.durability import ensure_call_durable, graph_namespace
 
 STEP = "call"
 KEY_PARAM = "idempotency_key"
-SAFE_MODE = "sync"
-# Where LangGraph keeps the durability mode of a run in the config it hands to every node
-# (langgraph._internal._constants.CONFIG_KEY_DURABILITY); absent means its default, "async".
-_DURABILITY = "__pregel_durability"
-_DEFAULT_DURABILITY = "async"
-_NS_SEP, _NS_END = "|", ":"
 
 StoreLike = castore.Store | str | os.PathLike[str]
-
-
-class UnsafeDurabilityError(UsageError):
-    """The graph runs in a durability mode that can lose the model's tool call id."""
-
-    def __init__(self, mode: str, tool: str) -> None:
-        self.mode = mode
-        super().__init__(
-            f"durable tool {tool!r} runs in a graph with durability={mode!r}: a crash can lose "
-            "the checkpoint that holds the model's tool call, the model runs again, its new "
-            "call gets a new id and the effect a new key. Run the graph with "
-            f"durability={SAFE_MODE!r} (graph.invoke(..., durability={SAFE_MODE!r}))"
-        )
-
-
-def durability_of(config: RunnableConfig) -> str:
-    """The durability mode LangGraph runs the calling graph in."""
-    mode = config.get("configurable", {}).get(_DURABILITY, _DEFAULT_DURABILITY)
-    return str(mode)
-
-
-def graph_namespace(config: RunnableConfig) -> str:
-    """The checkpoint namespace of the graph the calling node belongs to: the node's own
-    namespace without its last `node:task` segment (a task id changes with the checkpoint)."""
-    ns = str(config.get("configurable", {}).get("checkpoint_ns", ""))
-    return ns.rpartition(_NS_SEP)[0] if _NS_SEP in ns else ""
 
 
 def call_task_id(thread_id: str, namespace: str, tool_call_id: str) -> str:
@@ -182,9 +149,7 @@ class _DurableTool:
         return self._store
 
     def invoke(self, config: RunnableConfig, tool_call_id: str, **args: Any) -> str:
-        mode = durability_of(config)
-        if mode != SAFE_MODE:
-            raise UnsafeDurabilityError(mode, self.name)
+        ensure_call_durable(config, self.name)
         return _Call(self, config, tool_call_id).run(args)
 
 
@@ -211,7 +176,8 @@ def durable_tool(
 
     Use it as `durable_tool(pay, service=..., store=...)` or as a decorator
     `@durable_tool(service=..., store=...)`. The tool's result is the receipt. The graph must
-    run with durability="sync" and a thread id; any checkpointer will do."""
+    run with durability "sync" or "async" ("exit" is refused) and a thread id; any
+    checkpointer will do."""
 
     def build(function: Callable[..., Any]) -> BaseTool:
         _check_function(function)
