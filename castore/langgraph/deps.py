@@ -1,11 +1,22 @@
-"""The only castore module that imports LangGraph or LangChain: every other module of
-castore.langgraph takes these names from here, so `import castore` never needs them and a
-missing extra fails in one place, with one message."""
+"""The one module that imports langgraph and langchain (the optional extra castore[langgraph]).
+
+Every other castore.langgraph module takes these names from here, so that a missing extra is
+one clear ImportError at one place and `import castore` never loads either library.
+"""
 
 from __future__ import annotations
 
 try:
+    from langchain_core.language_models.chat_models import BaseChatModel
+    from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+    from langchain_core.outputs import ChatGeneration, ChatResult
     from langchain_core.runnables import RunnableConfig
+    from langchain_core.tools import (
+        BaseTool,
+        InjectedToolCallId,
+        StructuredTool,
+        create_schema_from_function,
+    )
     from langgraph.checkpoint.base import (
         WRITES_IDX_MAP,
         BaseCheckpointSaver,
@@ -18,23 +29,49 @@ try:
         get_checkpoint_metadata,
         writes_sort_key,
     )
+    from langgraph.checkpoint.memory import InMemorySaver
     from langgraph.checkpoint.serde.base import SerializerProtocol
-except ImportError as exc:  # pragma: no cover - depends on the environment
+    from langgraph.checkpoint.sqlite import SqliteSaver
+    from langgraph.graph import END, START, MessagesState, StateGraph
+    from langgraph.prebuilt import ToolNode, tools_condition
+    from langgraph.types import Command, interrupt
+except ImportError as exc:  # pragma: no cover - depends on how castore was installed
     raise ImportError(
-        "castore.langgraph needs LangGraph: pip install 'castore[langgraph]'"
+        f"castore.langgraph needs the optional dependencies ({exc}); install them with "
+        "`pip install 'castore[langgraph]'`"
     ) from exc
 
 __all__ = [
+    "END",
+    "START",
     "WRITES_IDX_MAP",
+    "AIMessage",
+    "BaseChatModel",
     "BaseCheckpointSaver",
+    "BaseMessage",
+    "BaseTool",
     "ChannelVersions",
+    "ChatGeneration",
+    "ChatResult",
     "Checkpoint",
     "CheckpointMetadata",
     "CheckpointTuple",
+    "Command",
+    "InMemorySaver",
+    "InjectedToolCallId",
+    "MessagesState",
     "PendingWrite",
     "RunnableConfig",
     "SerializerProtocol",
+    "SqliteSaver",
+    "StateGraph",
+    "StructuredTool",
+    "ToolMessage",
+    "ToolNode",
+    "create_schema_from_function",
     "get_checkpoint_id",
     "get_checkpoint_metadata",
+    "interrupt",
+    "tools_condition",
     "writes_sort_key",
 ]
