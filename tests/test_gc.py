@@ -282,7 +282,8 @@ def test_put_of_an_object_whose_read_fails_enoent_after_open_publishes_it_anew(
     monkeypatch.setattr(castore.fsio.os, "read", read_failing_once)
     again = store.put_blob({"value": 9})
     monkeypatch.undo()
-    assert failed == [path] and again == ref
+    assert [path] == failed
+    assert ref == again
     assert {"value": 9} == store.get_blob(ref)
     assert_intact(store)
 
