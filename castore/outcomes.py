@@ -10,7 +10,9 @@ not-found until the run records it (in the tail).
 
 from __future__ import annotations
 
+import bisect
 import contextlib
+from array import array
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -97,6 +99,7 @@ class Outcomes(Mapping[str, Outcome]):
         self._misses: set[str] = set()
         self._found: OrderedDict[str, Outcome] = OrderedDict()
         self._inflated: tuple[str, list[bytes]] | None = None  # the last pack inflated
+        self._sealed_hashes: list[array[int]] | None = None  # per pack, sorted: `has`
 
     @property
     def pack_refs(self) -> tuple[PackRef, ...]:
@@ -124,6 +127,27 @@ class Outcomes(Mapping[str, Outcome]):
             self._misses.clear()
         self._misses.add(step)
         raise KeyError(step)
+
+    def has(self, step: str) -> bool:
+        """True if `step` has an outcome. A growing plan asks this for every step it decides
+        (a repeated id is refused): a miss must not read every pack's index each time, so
+        the first miss reads them once and keeps 8 bytes per sealed step, a sorted array of
+        short hashes per pack, and a hit on them is confirmed by a real look-up."""
+        if step in self._tail or step in self._found:
+            return True
+        if not self._packs:
+            return False
+        if self._sealed_hashes is None:
+            self._sealed_hashes = [
+                array("Q", sorted(_short_hash(name) for name in self._index(pack)))
+                for pack in self._packs
+            ]
+        short = _short_hash(step)
+        for hashes in self._sealed_hashes:
+            at = bisect.bisect_left(hashes, short)
+            if at < len(hashes) and hashes[at] == short:
+                return step in self
+        return False
 
     def snapshot_bytes(self, seq: int) -> bytes | None:
         """The framed snapshot at `seq` if a sealed pack of the chain holds it (read and
@@ -198,3 +222,8 @@ class Outcomes(Mapping[str, Outcome]):
         if len(self._found) > _CACHED_MISSES:
             self._found.popitem(last=False)
         return outcome
+
+
+def _short_hash(step: str) -> int:
+    """64 bits of a step id, for membership only (a hit is confirmed by the real look-up)."""
+    return hash(step) & 0xFFFF_FFFF_FFFF_FFFF

@@ -348,3 +348,31 @@ def test_fork_of_a_growing_task_replays_its_outcomes(store: castore.Store) -> No
         assert "r" == run.perform("pay", SERVICE, lambda key: "r")
         run.finish()
     store.verify("copy")
+
+
+def test_override_cannot_change_a_growing_plan(store: castore.Store) -> None:
+    """A plan override of a growing task is refused; an environment override still works."""
+    plan = Plan.grow("agent")
+    with store.start("t", plan, env="env:1") as run:
+        run.append("a", 1)
+    with pytest.raises(castore.UsageError, match="grows"):
+        store.override("t", who="ann", why="new plan", plan=Plan.grow("agent", "x"))
+    store.override("t", who="ann", why="moved", env="env:2")
+    with store.resume("t", plan, env="env:2") as run:
+        assert Position.DONE == run.at("a")
+
+
+def test_resolve_a_growing_effect_moves_on(store: castore.Store) -> None:
+    """A person's decision on a decided effect confirms it; the task waits for the next."""
+    plan = Plan.grow("agent")
+
+    def send(key: str) -> str:
+        assert castore.derive_step_key("t", "pay") == key
+        raise TimeoutError("the service did not answer")  # it stays SUBMITTED
+
+    with store.start("t", plan) as run, pytest.raises(TimeoutError):
+        run.perform("pay", SERVICE, send)
+    store.resolve("t", "pay", receipt="r-1", who="ann")
+    with store.resume("t", plan) as run:
+        assert "r-1" == run.perform("pay", SERVICE, lambda key: "never")
+        assert run.next_step is None
