@@ -119,7 +119,7 @@ class Outcomes(Mapping[str, Outcome]):
             return found
         if step in self._misses or not self._packs:
             raise KeyError(step)
-        for pack in self._packs:
+        for pack in self._candidates(step):
             seq = self._index(pack).get(step)
             if seq is not None:
                 return self._load(pack, step, seq)
@@ -129,25 +129,29 @@ class Outcomes(Mapping[str, Outcome]):
         raise KeyError(step)
 
     def has(self, step: str) -> bool:
-        """True if `step` has an outcome. A growing plan asks this for every step it decides
-        (a repeated id is refused): a miss must not read every pack's index each time, so
-        the first miss reads them once and keeps 8 bytes per sealed step, a sorted array of
-        short hashes per pack, and a hit on them is confirmed by a real look-up."""
-        if step in self._tail or step in self._found:
-            return True
-        if not self._packs:
-            return False
+        """True if `step` has an outcome (a growing plan asks it of every step it decides:
+        a repeated id is refused)."""
+        return step in self
+
+    def _candidates(self, step: str) -> Iterator[PackRef]:
+        """The packs that may hold `step`, newest first. Past the newest, a look-up must not
+        read every pack's index each time (a replay from position 0 of a long task asks for
+        steps of the oldest packs, a new step of a growing plan is in none): the first such
+        look-up reads each index once and keeps 8 bytes per sealed step, a sorted array of
+        short hashes per pack; a pack is read only when its array has the step's hash."""
+        yield self._packs[0]
+        if len(self._packs) == 1:
+            return
         if self._sealed_hashes is None:
             self._sealed_hashes = [
                 array("Q", sorted(_short_hash(name) for name in self._index(pack)))
                 for pack in self._packs
             ]
         short = _short_hash(step)
-        for hashes in self._sealed_hashes:
+        for pack, hashes in zip(self._packs[1:], self._sealed_hashes[1:], strict=True):
             at = bisect.bisect_left(hashes, short)
             if at < len(hashes) and hashes[at] == short:
-                return step in self
-        return False
+                yield pack
 
     def snapshot_bytes(self, seq: int) -> bytes | None:
         """The framed snapshot at `seq` if a sealed pack of the chain holds it (read and

@@ -11,6 +11,7 @@ import pytest
 from sealing import seal_often  # noqa: F401 - a fixture
 
 import castore
+import castore.outcomes
 from castore import Plan, Position
 from castore.codec import unframe
 from castore.fastdecode import decode_canonical
@@ -244,6 +245,9 @@ def test_sealed_growing_task_resumes_and_replays(store: castore.Store) -> None:
         assert first == _sealed_agent(run, 30)
         run.append("after", 1)
         assert 31 == run.position
+        with pytest.raises(castore.StepRepeatedError) as caught:
+            run.append("ask-1", 2)  # its outcome is in the oldest pack
+        assert 1 == caught.value.first
 
 
 @pytest.mark.usefixtures("seal_often")
@@ -376,3 +380,32 @@ def test_resolve_a_growing_effect_moves_on(store: castore.Store) -> None:
     with store.resume("t", plan) as run:
         assert "r-1" == run.perform("pay", SERVICE, lambda key: "never")
         assert run.next_step is None
+
+
+@pytest.mark.usefixtures("seal_often")
+def test_replay_from_the_start_reads_each_pack_a_bounded_number_of_times(
+    store: castore.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replay from position 0 with more packs than the index cache holds reads each pack
+    a few times, not once per position (the look-up goes to the one pack holding the step)."""
+    plan = Plan.grow("agent")
+    with store.start("t", plan) as run:
+        for i in range(80):
+            run.append(f"s{i}", i)
+            if run._sealer is not None:
+                run._sealer.drain()
+    monkeypatch.setattr(castore.outcomes, "_CACHED_STEPS", 16)  # two packs' indexes
+    reads: list[str] = []
+    original = castore.outcomes.Outcomes._read
+
+    def counted(self: castore.outcomes.Outcomes, pack: castore.outcomes.PackRef) -> object:
+        reads.append(pack.id)
+        return original(self, pack)
+
+    monkeypatch.setattr(castore.outcomes.Outcomes, "_read", counted)
+    with store.resume("t", plan) as run:
+        packs = len(run._outcomes.pack_refs)
+        for i in range(80):
+            assert Position.DONE == run.at(f"s{i}")
+    assert 8 <= packs
+    assert len(reads) <= 4 * packs
