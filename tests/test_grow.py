@@ -11,6 +11,7 @@ import pytest
 from sealing import seal_often  # noqa: F401 - a fixture
 
 import castore
+import castore.outcomes
 from castore import Plan, Position
 from castore.codec import unframe
 from castore.fastdecode import decode_canonical
@@ -244,6 +245,9 @@ def test_sealed_growing_task_resumes_and_replays(store: castore.Store) -> None:
         assert first == _sealed_agent(run, 30)
         run.append("after", 1)
         assert 31 == run.position
+        with pytest.raises(castore.StepRepeatedError) as caught:
+            run.append("ask-1", 2)  # its outcome is in the oldest pack
+        assert 1 == caught.value.first
 
 
 @pytest.mark.usefixtures("seal_often")
@@ -348,3 +352,60 @@ def test_fork_of_a_growing_task_replays_its_outcomes(store: castore.Store) -> No
         assert "r" == run.perform("pay", SERVICE, lambda key: "r")
         run.finish()
     store.verify("copy")
+
+
+def test_override_cannot_change_a_growing_plan(store: castore.Store) -> None:
+    """A plan override of a growing task is refused; an environment override still works."""
+    plan = Plan.grow("agent")
+    with store.start("t", plan, env="env:1") as run:
+        run.append("a", 1)
+    with pytest.raises(castore.UsageError, match="grows"):
+        store.override("t", who="ann", why="new plan", plan=Plan.grow("agent", "x"))
+    store.override("t", who="ann", why="moved", env="env:2")
+    with store.resume("t", plan, env="env:2") as run:
+        assert Position.DONE == run.at("a")
+
+
+def test_resolve_a_growing_effect_moves_on(store: castore.Store) -> None:
+    """A person's decision on a decided effect confirms it; the task waits for the next."""
+    plan = Plan.grow("agent")
+
+    def send(key: str) -> str:
+        assert castore.derive_step_key("t", "pay") == key
+        raise TimeoutError("the service did not answer")  # it stays SUBMITTED
+
+    with store.start("t", plan) as run, pytest.raises(TimeoutError):
+        run.perform("pay", SERVICE, send)
+    store.resolve("t", "pay", receipt="r-1", who="ann")
+    with store.resume("t", plan) as run:
+        assert "r-1" == run.perform("pay", SERVICE, lambda key: "never")
+        assert run.next_step is None
+
+
+@pytest.mark.usefixtures("seal_often")
+def test_replay_from_the_start_reads_each_pack_a_bounded_number_of_times(
+    store: castore.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replay from position 0 with more packs than the index cache holds reads each pack
+    a few times, not once per position (the look-up goes to the one pack holding the step)."""
+    plan = Plan.grow("agent")
+    with store.start("t", plan) as run:
+        for i in range(80):
+            run.append(f"s{i}", i)
+            if run._sealer is not None:
+                run._sealer.drain()
+    monkeypatch.setattr(castore.outcomes, "_CACHED_STEPS", 16)  # two packs' indexes
+    reads: list[str] = []
+    original = castore.outcomes.Outcomes._read
+
+    def counted(self: castore.outcomes.Outcomes, pack: castore.outcomes.PackRef) -> object:
+        reads.append(pack.id)
+        return original(self, pack)
+
+    monkeypatch.setattr(castore.outcomes.Outcomes, "_read", counted)
+    with store.resume("t", plan) as run:
+        packs = len(run._outcomes.pack_refs)
+        for i in range(80):
+            assert Position.DONE == run.at(f"s{i}")
+    assert 8 <= packs
+    assert len(reads) <= 4 * packs
