@@ -291,7 +291,7 @@ def test_growing_unencodable_result_leaves_the_step_decided(store: castore.Store
     the step stays decided, not done, and the rerun calls it again."""
     with store.start(TASK, GROWING) as run:
         with pytest.raises(EncodingError, match=r"nothing was recorded"):
-            run.call("think", lambda: object())
+            run.call("think", object)
         assert ("think", False) == (run.next_step, run.done("think"))
     with store.resume(TASK, GROWING) as run:
         assert "ok" == run.call("think", lambda: "ok")
