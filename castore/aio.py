@@ -17,19 +17,19 @@ in progress gets a UsageError (two runs of one task are refused by the task lock
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import importlib
-import inspect
 import os
 import threading
 from collections.abc import Awaitable, Callable, Generator, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, TypeVar
 
 from castore import journal, protocol
+from castore.aioeffect import AsyncCall, AsyncEffect
+from castore.aiopool import advance, answered, in_thread
 from castore.effects import NextAction, Service
 from castore.errors import UsageError
 from castore.records import Plan, Snapshot
@@ -37,53 +37,13 @@ from castore.replay import Position
 from castore.run import Run
 from castore.store import Store
 
+__all__ = ["DEFAULT_WORKERS", "AsyncCall", "AsyncEffect", "AsyncRun", "AsyncStore", "in_thread"]
+
 T = TypeVar("T")
 R = TypeVar("R")
 
 # Threads wait on fsync far more than they compute: many agents need many threads, not cores.
 DEFAULT_WORKERS = 64
-
-
-async def in_thread(
-    pool: ThreadPoolExecutor, fn: Callable[[], T], on_cancel: Callable[[T], object] | None = None
-) -> T:
-    """`fn()` in the pool, awaited. Cancelled while it runs: wait for it to end (a commit is
-    not abandoned half way), hand its result to `on_cancel` (to release what it took), then
-    raise CancelledError. Cancelled before it starts: it never runs."""
-    job: Future[T] = pool.submit(fn)
-    waiter = asyncio.wrap_future(job)
-    try:
-        return await asyncio.shield(waiter)
-    except asyncio.CancelledError:
-        if job.cancel():
-            raise  # still queued: nothing happened
-        while not waiter.done():
-            # A second cancel changes nothing: the commit must end before the state is known.
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait([waiter])
-        failure = job.exception()
-        if failure is None and on_cancel is not None:
-            on_cancel(job.result())
-        raise
-
-
-async def _answered(
-    pool: ThreadPoolExecutor, fn: Callable[..., Any], *args: Any, **kwargs: Any
-) -> Any:
-    """The caller's function: awaited on the loop if async, else in the pool (a sync SDK
-    call blocks); a sync function that returns an awaitable has it awaited."""
-    if journal.is_async(fn):
-        return await fn(*args, **kwargs)
-    result = await asyncio.wrap_future(pool.submit(fn, *args, **kwargs))
-    return await result if inspect.isawaitable(result) else result
-
-
-def _advance(steps: Generator[Any, Any, Any], reply: Any, first: bool) -> tuple[bool, Any]:
-    """One step of a step generator: (False, its next request) or (True, its result)."""
-    try:
-        return False, next(steps) if first else steps.send(reply)
-    except StopIteration as stop:
-        return True, stop.value
 
 
 class AsyncStore:
@@ -268,7 +228,7 @@ class AsyncRun:
         with self._claimed(doing):
             finished, value = await in_thread(
                 self.pool,
-                functools.partial(_advance, steps, None, True),
+                functools.partial(advance, steps, None, True),
                 on_cancel=lambda _: steps.close(),
             )
             while not finished:
@@ -279,7 +239,7 @@ class AsyncRun:
                     raise
                 finished, value = await in_thread(
                     self.pool,
-                    functools.partial(_advance, steps, reply, False),
+                    functools.partial(advance, steps, reply, False),
                     on_cancel=lambda _: steps.close(),
                 )
             result: T = value
@@ -325,7 +285,7 @@ class AsyncRun:
         steps = journal.call_steps(self.run, step_id, fn, args, kwargs)
 
         async def invoke(_: journal.Invoke) -> Any:
-            return await _answered(self.pool, fn, *args, **kwargs)
+            return await answered(self.pool, fn, *args, **kwargs)
 
         return await self._drive(f"call({step_id!r})", steps, invoke)
 
@@ -342,7 +302,7 @@ class AsyncRun:
         steps = protocol.perform_steps(self.run, step_id, service, key)
 
         async def deliver(request: protocol.Send) -> Any:
-            return await _answered(self.pool, send, request.key)
+            return await answered(self.pool, send, request.key)
 
         return await self._drive(f"perform({step_id!r})", steps, deliver)
 
@@ -385,78 +345,3 @@ class AsyncRun:
         tb: TracebackType | None,
     ) -> None:
         await self.close(finish=exc is None)
-
-
-class AsyncCall:
-    """The async face of protocol.Call: `key` to send with, then confirm or not_done."""
-
-    def __init__(self, call: protocol.Call, pool: ThreadPoolExecutor) -> None:
-        self._call = call
-        self.pool = pool
-        self.step = call.step
-        self.attempt = call.attempt
-        self.done = call.done
-
-    @property
-    def key(self) -> str:
-        """The idempotency key to send the request with (ends the block of a done effect)."""
-        return self._call.key
-
-    @property
-    def receipt(self) -> str | None:
-        return self._call.receipt
-
-    async def confirm(self, receipt: str) -> str:
-        """Commit CONFIRMED with the service's receipt; durable before this returns."""
-        return await in_thread(self.pool, lambda: self._call.confirm(receipt))
-
-    async def not_done(self, reason: str) -> str:
-        """Commit NOT_DONE: the service definitively did not apply the operation."""
-        return await in_thread(self.pool, lambda: self._call.not_done(reason))
-
-
-class AsyncEffect:
-    """`async with arun.effect(step, service) as call:` (see AsyncRun.effect). The run is
-    claimed from entry to exit: nothing else may commit to it while the block runs."""
-
-    def __init__(self, arun: AsyncRun, step_id: str, service: Service, key: str | None) -> None:
-        self._arun = arun
-        self._step = step_id
-        self._service = service
-        self._key = key
-        self._manager: contextlib.AbstractContextManager[protocol.Call] | None = None
-
-    def _enter(self) -> tuple[contextlib.AbstractContextManager[protocol.Call], protocol.Call]:
-        # Run.effect first decides a growing plan's step (a commit) or checks its replay.
-        manager = self._arun.run.effect(self._step, self._service, key=self._key)
-        return manager, manager.__enter__()
-
-    async def __aenter__(self) -> AsyncCall:
-        self._arun.claim(f"effect({self._step!r})")
-        try:
-            # Cancelled after SUBMITTED was committed: unwind the manager as a failed body.
-            manager, call = await in_thread(
-                self._arun.pool,
-                self._enter,
-                on_cancel=lambda entered: entered[0].__exit__(
-                    asyncio.CancelledError, asyncio.CancelledError(), None
-                ),
-            )
-        except BaseException:
-            self._arun.release()
-            raise
-        self._manager = manager
-        return AsyncCall(call, self._arun.pool)
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
-        try:
-            # The manager's exit only checks the block settled (no I/O): run on the loop.
-            assert self._manager is not None  # noqa: S101 - set by a successful __aenter__
-            return bool(self._manager.__exit__(exc_type, exc, tb))
-        finally:
-            self._arun.release()

@@ -310,6 +310,28 @@ async def test_growing_effect_block_decides_then_submits(root: Path) -> None:
 
 
 @pytest.mark.asyncio
+async def test_cancelled_open_releases_the_task_lock(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled while its start runs: the task is created, and the run made for it is
+    closed (its lock released), so the next open succeeds at once."""
+    probe = CancelAtCommit(monkeypatch, nth=0, after=False)
+    real_start = castore.Store.start
+
+    def start(store: castore.Store, *args: Any, **kwargs: Any) -> Run:
+        probe.cancel_now()
+        return real_start(store, *args, **kwargs)
+
+    monkeypatch.setattr(castore.Store, "start", start)
+    async with AsyncStore(root) as astore:
+        with pytest.raises(asyncio.CancelledError):
+            await probe.drive(astore.start(TASK, PLAN))
+        monkeypatch.undo()
+        async with await astore.open_task(TASK, PLAN, lock_timeout=0.5) as arun:
+            assert (0, "think") == (arun.head.seq, arun.next_step)
+
+
+@pytest.mark.asyncio
 async def test_send_that_never_returns_times_out_submitted_and_resume_reconciles(
     root: Path,
 ) -> None:

@@ -284,3 +284,14 @@ def test_growing_agent_loop_replays_calls_and_effects(store: castore.Store) -> N
         assert first == agent(run)
         assert run.finished
     assert (["draft"], 1) == (model.calls, len(sent))
+
+
+def test_growing_unencodable_result_leaves_the_step_decided(store: castore.Store) -> None:
+    """On a growing plan a result outside the data model records nothing but the decision:
+    the step stays decided, not done, and the rerun calls it again."""
+    with store.start(TASK, GROWING) as run:
+        with pytest.raises(EncodingError, match=r"nothing was recorded"):
+            run.call("think", object)
+        assert ("think", False) == (run.next_step, run.done("think"))
+    with store.resume(TASK, GROWING) as run:
+        assert "ok" == run.call("think", lambda: "ok")
