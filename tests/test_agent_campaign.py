@@ -14,7 +14,7 @@ import pytest
 
 import castore
 from castore.lab import agent_judge, fakemodel
-from castore.lab.agent_campaign import AgentSettings, Lab, check_task, run_campaign
+from castore.lab.agent_campaign import AgentSettings, Lab, check_task, recorded, run_campaign
 from castore.lab.agent_judge import Attempt
 from castore.lab.fakemodel import FakeModel, read_model_log
 from castore.lab.service import applied_counts, read_ledger
@@ -104,7 +104,7 @@ def check_files(lab: Lab) -> None:
         chain = store.verify(task)
         thoughts = {step for step in chain.outcomes if step.startswith("think-")}
         assert thoughts == {step for t, step in bills if t == task}
-        assert lab.expected[index] == chain.outcomes["answer"].result
+        assert lab.expected[index] == recorded(lab, chain.outcomes["answer"])
 
 
 @pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])

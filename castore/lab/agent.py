@@ -146,7 +146,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--latency-ms", type=float, default=0.0, help="the model's answer time")
     parser.add_argument("--async", dest="use_async", action="store_true", help="asyncio agent")
     parser.add_argument("--pay-first", action="store_true", help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.pay_first and args.use_async:
+        parser.error("--pay-first is a broken sync agent only; leave out --async")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
