@@ -34,7 +34,7 @@ from castore.langgraph.deps import (
     writes_sort_key,
 )
 from castore.langgraph.parts import Parts
-from castore.langgraph.state import Saved, ThreadState
+from castore.langgraph.state import Inline, Saved, ThreadState
 from castore.store import Store
 
 T = TypeVar("T")
@@ -142,7 +142,13 @@ class CastoreSaver(BaseCheckpointSaver[str]):
             metadata=copy.deepcopy(header["metadata"]),
             parent_config=self._config(state, parent) if parent else None,
             pending_writes=[
-                (task_id, channel, self._parts.get_value(part))
+                (
+                    task_id,
+                    channel,
+                    copy.deepcopy(part.value)
+                    if isinstance(part, Inline)
+                    else self._parts.get_value(part),
+                )
                 for _, (task_id, channel, part, _path) in writes
             ],
         )

@@ -1,18 +1,22 @@
 """One thread namespace as the saver sees it: its log, and an index of what the log holds.
 
-Every event of the log is one tree, `data` {"k": kind} and its parts by position names:
-- "m" meta: part "h" = (thread_id, checkpoint_ns); the first event of every generation.
-- "p" put: "h" = {checkpoint (channel_values removed), metadata, parent, new_versions,
-  channels}, "v<i>" = the value of channels[i] at its new version (absent: empty).
-- "w" writes: "h" = {checkpoint_id, task_id, task_path, writes: [[channel, idx], ...]},
-  "x<i>" = the value of writes[i]; only the writes first-write-wins lets in.
-- "d" drop: "h" = the checkpoint ids deleted (delete_for_runs, prune keep_latest).
-Names and ids live in LangGraph's serializer's bytes ("h"), never in a tree's own fields,
+Every event of the log is one tree, its `data` {"k": kind, "h": header}, the header being
+LangGraph's serializer's bytes (parts.py's encoding, base64), its parts named by position:
+- "m" meta: header (thread_id, checkpoint_ns); the first event of every generation.
+- "p" put: header {checkpoint (channel_values removed), metadata, parent, new_versions,
+  channels, inline: small values by index}; "v<i>" = the value of channels[i] at its new
+  version, or "v<i>.*" a list by element (parts.py); neither and not inline: empty.
+- "w" writes: header {checkpoint_id, task_id, task_path, writes: [[channel, idx], ...],
+  inline}; "x<i>" = the value of writes[i] ("x<i>.<j>": a list's elements); only the writes
+  first-write-wins lets in.
+- "d" drop: header = the checkpoint ids deleted (delete_for_runs, prune keep_latest).
+Names and ids live in the serializer's bytes, never in a tree's own fields or part names,
 so a hostile thread id or channel name is never judged as castore data.
 """
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import attrs
@@ -39,13 +43,22 @@ def _elements(refs: dict[str, str], prefix: str) -> tuple[str, ...]:
     return tuple(found)
 
 
+@attrs.frozen
+class Inline:
+    """A small value kept in its event's header, not an object of its own."""
+
+    value: Any
+
+
 @attrs.define
 class Saved:
     """A checkpoint of the index: its header (decoded) and where its writes are."""
 
     header: dict[str, Any]
-    # (task_id, channel, value: one part, or a list's element parts, task_path)
-    writes: dict[WriteKey, tuple[str, str, str | tuple[str, ...], str]] = attrs.field(factory=dict)
+    # (task_id, channel, value: one part, a list's element parts or inline, task_path)
+    writes: dict[WriteKey, tuple[str, str, str | tuple[str, ...] | Inline, str]] = attrs.field(
+        factory=dict
+    )
 
 
 class ThreadState:
@@ -87,7 +100,7 @@ class ThreadState:
     def _apply(self, tree_id: str) -> None:
         tree = self.store.get_tree(TreeRef(tree_id))
         kind = tree.data.get("k") if isinstance(tree.data, dict) else None
-        header = self.parts.decode(self.parts.body(tree.refs["h"]))
+        header = self.parts.decode(base64.b64decode(tree.data["h"]))
         if kind == "m":
             self.thread_id, self.checkpoint_ns = header[0], header[1]
         elif kind == "p":
@@ -117,16 +130,23 @@ class ThreadState:
             return  # writes of a checkpoint since deleted
         for i, (channel, idx) in enumerate(header["writes"]):
             key = (header["task_id"], idx)
-            part = refs.get(f"x{i}") or _elements(refs, f"x{i}.")
+            inline = header["inline"]
+            part: str | tuple[str, ...] | Inline
+            if str(i) in inline:
+                part = Inline(inline[str(i)])
+            else:
+                part = refs.get(f"x{i}") or _elements(refs, f"x{i}.")
             saved.writes[key] = (header["task_id"], channel, part, header["task_path"])
 
     # -- writing -------------------------------------------------------------------------
     def append(self, kind: str, header: Any, refs: dict[str, str]) -> str:
         """Commit one event (returns its tree's id); ConflictError if another writer
         appended to this thread."""
-        tree = self.store.put_tree(
-            {"h": self.parts.put_body(self.parts.encode(header)), **refs}, {"k": kind}
-        )
+        # The header as the serializer's bytes (base64) in the tree's own data: one object
+        # (two fsyncs) less per event than a raw part. Vouched like a raw part is: opaque
+        # framework bytes, which the secret guard cannot judge (castore.Store.put_raw).
+        data = {"k": kind, "h": base64.b64encode(self.parts.encode(header)).decode("ascii")}
+        tree = self.store.put_tree(refs, data, allow_fields=("$.data.h",))
         self._log().append(tree)
         self._apply(tree.tree)
         return tree.tree
@@ -203,6 +223,7 @@ class ThreadState:
         if not kept:
             return  # a retried put_writes: nothing new, nothing committed
         refs: dict[str, str] = {}
+        inline: dict[str, Any] = {}
         for i, (_, value) in enumerate(kept.values()):
             if type(value) is list and value:
                 # Element by element: the messages a node writes are the ones the next
@@ -210,12 +231,17 @@ class ThreadState:
                 for j, item in enumerate(value):
                     refs[f"x{i}.{j}"] = self.parts.put_body(self.parts.encode(item))
             else:
-                refs[f"x{i}"] = self.parts.put_body(self.parts.encode(value))
+                body = self.parts.encode(value)
+                if len(body) <= INLINE_BYTES:
+                    inline[str(i)] = value
+                else:
+                    refs[f"x{i}"] = self.parts.put_body(body)
         header = {
             "checkpoint_id": checkpoint_id,
             "task_id": task_id,
             "task_path": task_path,
             "writes": [[channel, key[1]] for key, (channel, _) in kept.items()],
+            "inline": inline,
         }
         self.append("w", header, refs)
 
