@@ -93,9 +93,26 @@ class ThreadState:
                 continue
             break
         self.generation, self.log = generation, log
-        if log is not None:
-            for tree_id in log.entries:
-                self._apply(tree_id)
+        if log is None:
+            return
+        self._next_free(generation + 1)
+        for tree_id in log.entries:
+            self._apply(tree_id)
+
+    def _next_free(self, generation: int) -> int:
+        """The first generation from `generation` on that was never started. A later one
+        that is live while an earlier one lives is a rewrite (keep_only) cut short before
+        its switch: that copy is abandoned, forgotten here."""
+        while True:
+            try:
+                log = ThreadLog.open(self.store, names.generation(self.base, generation))
+            except TaskForgottenError:
+                generation += 1
+                continue
+            if log is None:
+                return generation
+            log.forget(why="an interrupted LangGraph prune or delete_for_runs")
+            generation += 1
 
     def _apply(self, tree_id: str) -> None:
         tree = self.store.get_tree(TreeRef(tree_id))
@@ -246,8 +263,74 @@ class ThreadState:
         self.append("w", header, refs)
 
     def drop(self, checkpoint_ids: list[str]) -> None:
+        """Hide checkpoints without giving their bytes back (a "d" event)."""
         if checkpoint_ids:
             self.append("d", sorted(checkpoint_ids), {})
+
+    def keep_only(self, keep: list[str]) -> None:
+        """Rewrite the namespace as its next generation holding only the checkpoints in
+        `keep` (each with every value it reads, and its writes), then forget this one, so
+        gc gives the rest of the disk back (prune, delete_for_runs). The forget is the
+        switch: a crash before it leaves this generation live and the copy abandoned
+        (`load`); a writer that appended meanwhile makes it ConflictError, copy abandoned."""
+        old = self.log
+        if old is None:
+            return
+        head = old.head_id
+        events = []
+        for checkpoint_id in sorted(c for c in keep if c in self.saved):
+            events += self._full_events(self.saved[checkpoint_id])
+        self.log, self.generation = None, self._next_free(self.generation + 1)
+        self.saved, self.blobs, self.inline, self.latest_value = {}, {}, {}, {}
+        for kind, header, refs in events:
+            self.append(kind, header, refs)
+        try:
+            old.forget(why="LangGraph prune or delete_for_runs", only_if_head=head)
+        except ConflictError:
+            self.load()  # the old generation is live and the copy abandoned
+            raise
+        self.load()
+
+    def _full_events(self, saved: Saved) -> list[tuple[str, Any, dict[str, str]]]:
+        """A put naming every value its checkpoint reads (lists by element), then its writes."""
+        versions = saved.header["checkpoint"]["channel_versions"]
+        channels = sorted(versions)
+        refs: dict[str, str] = {}
+        inline: dict[str, Any] = {}
+        for i, channel in enumerate(channels):
+            key = (channel, versions[channel])
+            part = self.blobs.get(key)
+            if key in self.inline:
+                inline[str(i)] = self.inline[key]
+            elif part is not None:
+                info = self.parts.list_info(part)
+                if info is None:
+                    refs[f"v{i}"] = part
+                else:
+                    refs.update({f"v{i}.e{j}": e for j, e in enumerate(info.elements)})
+        header = dict(saved.header)
+        header.update(
+            new_versions={c: versions[c] for c in channels}, channels=channels, inline=inline
+        )
+        events: list[tuple[str, Any, dict[str, str]]] = [("p", header, refs)]
+        for (task_id, idx), (_, channel, value, task_path) in saved.writes.items():
+            write_refs: dict[str, str] = {}
+            write_inline: dict[str, Any] = {}
+            if isinstance(value, Inline):
+                write_inline["0"] = value.value
+            elif isinstance(value, tuple):
+                write_refs.update({f"x0.{j}": e for j, e in enumerate(value)})
+            else:
+                write_refs["x0"] = value
+            write = {
+                "checkpoint_id": saved.header["checkpoint"]["id"],
+                "task_id": task_id,
+                "task_path": task_path,
+                "writes": [[channel, idx]],
+                "inline": write_inline,
+            }
+            events.append(("w", write, write_refs))
+        return events
 
     def forget(self) -> None:
         """Delete the namespace: its log's tasks are forgotten; the next put starts the
