@@ -9,7 +9,6 @@ LangGraph's serializer's bytes (parts.py's encoding, base64), its parts named by
 - "w" writes: header {checkpoint_id, task_id, task_path, writes: [[channel, idx], ...],
   inline}; "x<i>" = the value of writes[i] ("x<i>.<j>": a list's elements); only the writes
   first-write-wins lets in.
-- "d" drop: header = the checkpoint ids deleted (delete_for_runs, prune keep_latest).
 Names and ids live in the serializer's bytes, never in a tree's own fields or part names,
 so a hostile thread id or channel name is never judged as castore data.
 """
@@ -124,9 +123,6 @@ class ThreadState:
             self._index_put(tree_id, header, tree.refs)
         elif kind == "w":
             self._index_writes(header, tree.refs)
-        elif kind == "d":
-            for checkpoint_id in header:
-                self.saved.pop(checkpoint_id, None)
 
     def _index_put(self, tree_id: str, header: dict[str, Any], refs: dict[str, str]) -> None:
         versions, inline = header["new_versions"], header["inline"]
@@ -261,11 +257,6 @@ class ThreadState:
             "inline": inline,
         }
         self.append("w", header, refs)
-
-    def drop(self, checkpoint_ids: list[str]) -> None:
-        """Hide checkpoints without giving their bytes back (a "d" event)."""
-        if checkpoint_ids:
-            self.append("d", sorted(checkpoint_ids), {})
 
     def keep_only(self, keep: list[str]) -> None:
         """Rewrite the namespace as its next generation holding only the checkpoints in
