@@ -142,15 +142,16 @@ def raw_objects(root: Path) -> int:
 
 
 def test_the_same_messages_in_two_threads_are_stored_once(tmp_path: Path) -> None:
-    """20 messages two threads hold are 20 objects: the second thread adds only its own
-    two headers (its namespace's, its checkpoint's), no message."""
+    """20 messages two threads hold are 20 objects: the second thread adds no raw object
+    (its headers are in its own trees), hence no message."""
     with CastoreSaver(tmp_path / "s") as saver:
         put(saver, "one", {"messages": [message(i) for i in range(20)]})
         before = raw_objects(tmp_path / "s")
         put(saver, "two", {"messages": [message(i) for i in range(20)]})
         after = raw_objects(tmp_path / "s")
         two = saver.get_tuple(config("two")).checkpoint["channel_values"]["messages"]
-    assert 2 == after - before
+    assert 0 == after - before
+    assert 20 == before
     assert [message(i) for i in range(20)] == two
 
 
@@ -288,3 +289,62 @@ def test_delete_thread_forgets_its_task_and_the_id_starts_afresh(tmp_path: Path)
         status = saver.store.status(task_base("gone", "") + "_g0")
     assert status.forgotten
     assert [{"x": 2}] == [t.checkpoint["channel_values"] for t in history]
+
+
+def test_prune_keep_latest_moves_the_thread_to_a_new_task_and_forgets_the_old(
+    tmp_path: Path,
+) -> None:
+    """prune keeps the latest checkpoint (its whole list, its writes) in the thread's next
+    task and forgets the old one (gc may reclaim it); the thread goes on from there."""
+    with CastoreSaver(tmp_path) as saver:
+        parent = None
+        for step in range(5):
+            parent = put(saver, "p", {"messages": [message(i) for i in range(step + 1)]}, parent)
+        saver.put_writes(parent, [("messages", [message(5)])], "task")
+        saver.prune(["p"], strategy="keep_latest")
+        kept = list(saver.list(config("p")))
+        old = saver.store.status(task_base("p", "") + "_g0")
+        put(saver, "p", {"messages": [message(i) for i in range(6)]}, parent)
+        after = saver.get_tuple(config("p"))
+    assert old.forgotten
+    assert [parent["configurable"]["checkpoint_id"]] == [
+        t.config["configurable"]["checkpoint_id"] for t in kept
+    ]
+    assert [message(i) for i in range(5)] == kept[0].checkpoint["channel_values"]["messages"]
+    assert [("task", "messages", [message(5)])] == kept[0].pending_writes
+    assert 6 == len(after.checkpoint["channel_values"]["messages"])
+
+
+PRUNER = """
+import sys
+from castore.langgraph import CastoreSaver
+saver = CastoreSaver(sys.argv[1])
+saver.prune(["p"], strategy="keep_latest")
+print("pruned", flush=True)
+"""
+
+
+@pytest.mark.parametrize(
+    ("point", "pruned"), [("commit.before_link:4", False), ("commit.linked:4", True)]
+)
+def test_sigkill_during_prune_leaves_the_whole_thread_or_the_pruned_one(
+    tmp_path: Path, children: list[subprocess.Popen[str]], point: str, pruned: bool
+) -> None:
+    """prune copies the latest checkpoint into a new task (3 commits), then forgets the old
+    task (the 4th, the switch): killed before the switch, the thread is whole and the copy
+    is abandoned (forgotten on the next read); killed after it, the thread is pruned."""
+    with CastoreSaver(tmp_path) as saver:
+        parent = None
+        for step in range(3):
+            parent = put(saver, "p", {"n": step}, parent)
+    child = spawn_child(children, PRUNER, str(tmp_path), crash=point)
+    child.communicate(timeout=60)
+    assert -signal.SIGKILL == child.returncode
+    with CastoreSaver(tmp_path) as saver:
+        found = [t.checkpoint["channel_values"]["n"] for t in saver.list(config("p"))]
+        copy = saver.store.status(task_base("p", "") + "_g1")
+        saver.prune(["p"], strategy="keep_latest")
+        again = [t.checkpoint["channel_values"]["n"] for t in saver.list(config("p"))]
+    assert ([2] if pruned else [2, 1, 0]) == found
+    assert copy.forgotten is not pruned
+    assert [2] == again

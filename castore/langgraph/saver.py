@@ -34,7 +34,7 @@ from castore.langgraph.deps import (
     writes_sort_key,
 )
 from castore.langgraph.parts import Parts
-from castore.langgraph.state import Saved, ThreadState
+from castore.langgraph.state import Inline, Saved, ThreadState
 from castore.store import Store
 
 T = TypeVar("T")
@@ -142,7 +142,13 @@ class CastoreSaver(BaseCheckpointSaver[str]):
             metadata=copy.deepcopy(header["metadata"]),
             parent_config=self._config(state, parent) if parent else None,
             pending_writes=[
-                (task_id, channel, self._parts.get_value(part))
+                (
+                    task_id,
+                    channel,
+                    copy.deepcopy(part.value)
+                    if isinstance(part, Inline)
+                    else self._parts.get_value(part),
+                )
                 for _, (task_id, channel, part, _path) in writes
             ],
         )
@@ -274,19 +280,22 @@ class CastoreSaver(BaseCheckpointSaver[str]):
                 self._known_state(base).forget()
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
-        """Drop every checkpoint whose metadata names one of `run_ids`, in every thread."""
+        """Delete every checkpoint whose metadata names one of `run_ids`, in every thread:
+        each namespace holding one is rewritten without them, the old one forgotten (gc
+        gives the bytes back)."""
         wanted = set(run_ids)
         if not wanted:
             return
         with self._mutex:
             for base in self._bases(None):
                 state = self._known_state(base)
-                doomed = [
+                kept = [
                     checkpoint_id
                     for checkpoint_id, saved in state.saved.items()
-                    if saved.header["metadata"].get("run_id") in wanted
+                    if saved.header["metadata"].get("run_id") not in wanted
                 ]
-                state.drop(doomed)
+                if len(kept) < len(state.saved):
+                    state.keep_only(kept)
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every namespace of a thread to another: its events again, naming the same
@@ -301,7 +310,8 @@ class CastoreSaver(BaseCheckpointSaver[str]):
                     target.copy_event(tree_id)
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
-        """`keep_latest`: only each namespace's latest checkpoint stays; `delete`: as
+        """`keep_latest`: only each namespace's latest checkpoint (and its writes) stays, in
+        a new generation; the old one is forgotten, so gc gives the rest back. `delete`: as
         delete_thread."""
         if strategy not in ("keep_latest", "delete"):
             raise UsageError(f"unknown prune strategy {strategy!r}; use 'keep_latest' or 'delete'")
@@ -312,9 +322,8 @@ class CastoreSaver(BaseCheckpointSaver[str]):
                     continue
                 for base in self._bases(thread_id):
                     state = self._known_state(base)
-                    if state.saved:
-                        latest = max(state.saved)
-                        state.drop([c for c in state.saved if c != latest])
+                    if len(state.saved) > 1:
+                        state.keep_only([max(state.saved)])
 
     # -- async twins: the same work in a worker thread, never on the event loop ----------
     async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

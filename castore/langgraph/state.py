@@ -1,18 +1,21 @@
 """One thread namespace as the saver sees it: its log, and an index of what the log holds.
 
-Every event of the log is one tree, `data` {"k": kind} and its parts by position names:
-- "m" meta: part "h" = (thread_id, checkpoint_ns); the first event of every generation.
-- "p" put: "h" = {checkpoint (channel_values removed), metadata, parent, new_versions,
-  channels}, "v<i>" = the value of channels[i] at its new version (absent: empty).
-- "w" writes: "h" = {checkpoint_id, task_id, task_path, writes: [[channel, idx], ...]},
-  "x<i>" = the value of writes[i]; only the writes first-write-wins lets in.
-- "d" drop: "h" = the checkpoint ids deleted (delete_for_runs, prune keep_latest).
-Names and ids live in LangGraph's serializer's bytes ("h"), never in a tree's own fields,
+Every event of the log is one tree, its `data` {"k": kind, "h": header}, the header being
+LangGraph's serializer's bytes (parts.py's encoding, base64), its parts named by position:
+- "m" meta: header (thread_id, checkpoint_ns); the first event of every generation.
+- "p" put: header {checkpoint (channel_values removed), metadata, parent, new_versions,
+  channels, inline: small values by index}; "v<i>" = the value of channels[i] at its new
+  version, or "v<i>.*" a list by element (parts.py); neither and not inline: empty.
+- "w" writes: header {checkpoint_id, task_id, task_path, writes: [[channel, idx], ...],
+  inline}; "x<i>" = the value of writes[i] ("x<i>.<j>": a list's elements); only the writes
+  first-write-wins lets in.
+Names and ids live in the serializer's bytes, never in a tree's own fields or part names,
 so a hostile thread id or channel name is never judged as castore data.
 """
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import attrs
@@ -39,13 +42,22 @@ def _elements(refs: dict[str, str], prefix: str) -> tuple[str, ...]:
     return tuple(found)
 
 
+@attrs.frozen
+class Inline:
+    """A small value kept in its event's header, not an object of its own."""
+
+    value: Any
+
+
 @attrs.define
 class Saved:
     """A checkpoint of the index: its header (decoded) and where its writes are."""
 
     header: dict[str, Any]
-    # (task_id, channel, value: one part, or a list's element parts, task_path)
-    writes: dict[WriteKey, tuple[str, str, str | tuple[str, ...], str]] = attrs.field(factory=dict)
+    # (task_id, channel, value: one part, a list's element parts or inline, task_path)
+    writes: dict[WriteKey, tuple[str, str, str | tuple[str, ...] | Inline, str]] = attrs.field(
+        factory=dict
+    )
 
 
 class ThreadState:
@@ -80,23 +92,37 @@ class ThreadState:
                 continue
             break
         self.generation, self.log = generation, log
-        if log is not None:
-            for tree_id in log.entries:
-                self._apply(tree_id)
+        if log is None:
+            return
+        self._next_free(generation + 1)
+        for tree_id in log.entries:
+            self._apply(tree_id)
+
+    def _next_free(self, generation: int) -> int:
+        """The first generation from `generation` on that was never started. A later one
+        that is live while an earlier one lives is a rewrite (keep_only) cut short before
+        its switch: that copy is abandoned, forgotten here."""
+        while True:
+            try:
+                log = ThreadLog.open(self.store, names.generation(self.base, generation))
+            except TaskForgottenError:
+                generation += 1
+                continue
+            if log is None:
+                return generation
+            log.forget(why="an interrupted LangGraph prune or delete_for_runs")
+            generation += 1
 
     def _apply(self, tree_id: str) -> None:
         tree = self.store.get_tree(TreeRef(tree_id))
         kind = tree.data.get("k") if isinstance(tree.data, dict) else None
-        header = self.parts.decode(self.parts.body(tree.refs["h"]))
+        header = self.parts.decode(base64.b64decode(tree.data["h"]))
         if kind == "m":
             self.thread_id, self.checkpoint_ns = header[0], header[1]
         elif kind == "p":
             self._index_put(tree_id, header, tree.refs)
         elif kind == "w":
             self._index_writes(header, tree.refs)
-        elif kind == "d":
-            for checkpoint_id in header:
-                self.saved.pop(checkpoint_id, None)
 
     def _index_put(self, tree_id: str, header: dict[str, Any], refs: dict[str, str]) -> None:
         versions, inline = header["new_versions"], header["inline"]
@@ -117,16 +143,23 @@ class ThreadState:
             return  # writes of a checkpoint since deleted
         for i, (channel, idx) in enumerate(header["writes"]):
             key = (header["task_id"], idx)
-            part = refs.get(f"x{i}") or _elements(refs, f"x{i}.")
+            inline = header["inline"]
+            part: str | tuple[str, ...] | Inline
+            if str(i) in inline:
+                part = Inline(inline[str(i)])
+            else:
+                part = refs.get(f"x{i}") or _elements(refs, f"x{i}.")
             saved.writes[key] = (header["task_id"], channel, part, header["task_path"])
 
     # -- writing -------------------------------------------------------------------------
     def append(self, kind: str, header: Any, refs: dict[str, str]) -> str:
         """Commit one event (returns its tree's id); ConflictError if another writer
         appended to this thread."""
-        tree = self.store.put_tree(
-            {"h": self.parts.put_body(self.parts.encode(header)), **refs}, {"k": kind}
-        )
+        # The header as the serializer's bytes (base64) in the tree's own data: one object
+        # (two fsyncs) less per event than a raw part. Vouched like a raw part is: opaque
+        # framework bytes, which the secret guard cannot judge (castore.Store.put_raw).
+        data = {"k": kind, "h": base64.b64encode(self.parts.encode(header)).decode("ascii")}
+        tree = self.store.put_tree(refs, data, allow_fields=("$.data.h",))
         self._log().append(tree)
         self._apply(tree.tree)
         return tree.tree
@@ -203,6 +236,7 @@ class ThreadState:
         if not kept:
             return  # a retried put_writes: nothing new, nothing committed
         refs: dict[str, str] = {}
+        inline: dict[str, Any] = {}
         for i, (_, value) in enumerate(kept.values()):
             if type(value) is list and value:
                 # Element by element: the messages a node writes are the ones the next
@@ -210,18 +244,84 @@ class ThreadState:
                 for j, item in enumerate(value):
                     refs[f"x{i}.{j}"] = self.parts.put_body(self.parts.encode(item))
             else:
-                refs[f"x{i}"] = self.parts.put_body(self.parts.encode(value))
+                body = self.parts.encode(value)
+                if len(body) <= INLINE_BYTES:
+                    inline[str(i)] = value
+                else:
+                    refs[f"x{i}"] = self.parts.put_body(body)
         header = {
             "checkpoint_id": checkpoint_id,
             "task_id": task_id,
             "task_path": task_path,
             "writes": [[channel, key[1]] for key, (channel, _) in kept.items()],
+            "inline": inline,
         }
         self.append("w", header, refs)
 
-    def drop(self, checkpoint_ids: list[str]) -> None:
-        if checkpoint_ids:
-            self.append("d", sorted(checkpoint_ids), {})
+    def keep_only(self, keep: list[str]) -> None:
+        """Rewrite the namespace as its next generation holding only the checkpoints in
+        `keep` (each with every value it reads, and its writes), then forget this one, so
+        gc gives the rest of the disk back (prune, delete_for_runs). The forget is the
+        switch: a crash before it leaves this generation live and the copy abandoned
+        (`load`); a writer that appended meanwhile makes it ConflictError, copy abandoned."""
+        old = self.log
+        if old is None:
+            return
+        head = old.head_id
+        events = []
+        for checkpoint_id in sorted(c for c in keep if c in self.saved):
+            events += self._full_events(self.saved[checkpoint_id])
+        self.log, self.generation = None, self._next_free(self.generation + 1)
+        self.saved, self.blobs, self.inline, self.latest_value = {}, {}, {}, {}
+        for kind, header, refs in events:
+            self.append(kind, header, refs)
+        try:
+            old.forget(why="LangGraph prune or delete_for_runs", only_if_head=head)
+        except ConflictError:
+            self.load()  # the old generation is live and the copy abandoned
+            raise
+        self.load()
+
+    def _full_events(self, saved: Saved) -> list[tuple[str, Any, dict[str, str]]]:
+        """A put naming every value its checkpoint reads (lists by element), then its writes."""
+        versions = saved.header["checkpoint"]["channel_versions"]
+        channels = sorted(versions)
+        refs: dict[str, str] = {}
+        inline: dict[str, Any] = {}
+        for i, channel in enumerate(channels):
+            key = (channel, versions[channel])
+            part = self.blobs.get(key)
+            if key in self.inline:
+                inline[str(i)] = self.inline[key]
+            elif part is not None:
+                info = self.parts.list_info(part)
+                if info is None:
+                    refs[f"v{i}"] = part
+                else:
+                    refs.update({f"v{i}.e{j}": e for j, e in enumerate(info.elements)})
+        header = dict(saved.header)
+        header.update(
+            new_versions={c: versions[c] for c in channels}, channels=channels, inline=inline
+        )
+        events: list[tuple[str, Any, dict[str, str]]] = [("p", header, refs)]
+        for (task_id, idx), (_, channel, value, task_path) in saved.writes.items():
+            write_refs: dict[str, str] = {}
+            write_inline: dict[str, Any] = {}
+            if isinstance(value, Inline):
+                write_inline["0"] = value.value
+            elif isinstance(value, tuple):
+                write_refs.update({f"x0.{j}": e for j, e in enumerate(value)})
+            else:
+                write_refs["x0"] = value
+            write = {
+                "checkpoint_id": saved.header["checkpoint"]["id"],
+                "task_id": task_id,
+                "task_path": task_path,
+                "writes": [[channel, idx]],
+                "inline": write_inline,
+            }
+            events.append(("w", write, write_refs))
+        return events
 
     def forget(self) -> None:
         """Delete the namespace: its log's tasks are forgotten; the next put starts the

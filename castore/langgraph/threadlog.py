@@ -82,10 +82,21 @@ class ThreadLog:
         if run.head.seq % SEAL_EVERY == 0:
             run.seal_now()
 
-    def forget(self, *, why: str) -> None:
-        """End the log for good (a tombstone through the commit point); gc reclaims it."""
+    @property
+    def head_id(self) -> str | None:
+        return self._run.head_id if self._run is not None else None
+
+    def forget(self, *, why: str, only_if_head: str | None = None) -> None:
+        """End the log for good (a tombstone through the commit point); gc reclaims it.
+        `only_if_head`: ConflictError unless HEAD is still that snapshot."""
         self.close()
-        self.store.forget(self.task_id, who="castore.langgraph", why=why, force_in_flight=True)
+        self.store.forget(
+            self.task_id,
+            who="castore.langgraph",
+            why=why,
+            force_in_flight=True,
+            only_if_head=only_if_head,
+        )
 
     def close(self) -> None:
         if self._run is not None:
