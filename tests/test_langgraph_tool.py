@@ -9,6 +9,7 @@ service, where the baseline arm must show the duplicates castore's arm does not.
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import subprocess
 import sys
@@ -154,6 +155,23 @@ def test_reexecution_resubmits_with_the_same_key_when_not_applied(
     assert 2 == len(payments.sent)
     assert payments.sent[0] == payments.sent[1]
     assert [payments.sent[0]] == [key for key, _, _ in payments.ledger]
+
+
+def test_ainvoke_reexecution_pays_once(payments: Payments, store: castore.Store) -> None:
+    """Driven with ainvoke (the tool runs in an executor thread), a lost answer is looked up
+    by key on re-execution, in both modes the tool accepts."""
+
+    async def drive(app: Any, config: dict[str, Any], mode: str) -> None:
+        with pytest.raises(ConnectionError):
+            await app.ainvoke({"messages": [("user", "pay")]}, config, durability=mode)
+        await app.ainvoke(None, config, durability=mode)
+
+    app = build_agent(PayingModel(order="o-5"), reconciling(payments, store), InMemorySaver())
+    for mode in ("sync", "async"):
+        payments.drop_answers = 1
+        asyncio.run(drive(app, {"configurable": {"thread_id": mode}}, mode))
+    assert 2 == len(payments.ledger)
+    assert 2 == len(set(payments.sent))
 
 
 def test_hand_written_node_with_sqlite_saver(payments: Payments, store: castore.Store) -> None:
