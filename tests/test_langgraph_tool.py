@@ -36,9 +36,9 @@ from castore.langgraph.deps import (
     InMemorySaver,
     MessagesState,
     RunnableConfig,
-    SqliteSaver,
     StateGraph,
     ToolMessage,
+    sqlite_saver,
 )
 from castore.langgraph.tool import call_task_id
 from castore.watch import Watcher
@@ -195,7 +195,8 @@ def test_hand_written_node_with_sqlite_saver(payments: Payments, store: castore.
     graph.add_edge(START, "agent")
     graph.add_edge("agent", "pay")
     graph.add_edge("pay", "agent")
-    saver = SqliteSaver(sqlite3.connect(":memory:", check_same_thread=False))
+    pytest.importorskip("langgraph.checkpoint.sqlite")
+    saver = sqlite_saver()(sqlite3.connect(":memory:", check_same_thread=False))
     app = graph.compile(checkpointer=saver, interrupt_after=["agent"])
     payments.drop_answers = 1
     start(app)  # the model asked for the payment; paused after it (a checkpoint)
@@ -373,6 +374,7 @@ def test_small_campaign_castore_never_pays_twice_where_the_baseline_does(workdir
     """Real SIGKILLs (right after the service committed, at castore's crash points, at random):
     the baseline arm (SqliteSaver + a plain tool) pays some orders twice; castore's arm pays
     every order exactly once and reports the receipt the service's ledger holds."""
+    pytest.importorskip("langgraph.checkpoint.sqlite")
     settings = Settings(seed=5, after_apply_share=0.0, point_share=0.2, random_share=0.1)
     tally = campaign(workdir, 2, settings)
     assert 2 == tally.runs

@@ -34,11 +34,11 @@ from castore.langgraph.deps import (
     ChatResult,
     Command,
     MessagesState,
-    SqliteSaver,
     StateGraph,
     StructuredTool,
     ToolMessage,
     ToolNode,
+    sqlite_saver,
     tools_condition,
 )
 from castore.langgraph.tool import durable_tool
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     client = ServiceClient(args.service, timeout=10.0)
     tool = payment_tool(args.arm, client, args.store, args.declare)
     connection = sqlite3.connect(args.sqlite, check_same_thread=False)
-    app = build_agent(PayingModel(order=args.thread), tool, SqliteSaver(connection))
+    app = build_agent(PayingModel(order=args.thread), tool, sqlite_saver()(connection))
     config = {"configurable": {"thread_id": args.thread}}
     print("ready", flush=True)
     state = app.get_state(config)

@@ -6,6 +6,8 @@ one clear ImportError at one place and `import castore` never loads either libra
 
 from __future__ import annotations
 
+from typing import Any
+
 try:
     from langchain_core.language_models.chat_models import BaseChatModel
     from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
@@ -18,7 +20,6 @@ try:
         create_schema_from_function,
     )
     from langgraph.checkpoint.memory import InMemorySaver
-    from langgraph.checkpoint.sqlite import SqliteSaver
     from langgraph.graph import END, START, MessagesState, StateGraph
     from langgraph.prebuilt import ToolNode, tools_condition
     from langgraph.types import Command, interrupt
@@ -42,12 +43,25 @@ __all__ = [
     "InjectedToolCallId",
     "MessagesState",
     "RunnableConfig",
-    "SqliteSaver",
     "StateGraph",
     "StructuredTool",
     "ToolMessage",
     "ToolNode",
     "create_schema_from_function",
     "interrupt",
+    "sqlite_saver",
     "tools_condition",
 ]
+
+
+def sqlite_saver() -> Any:
+    """LangGraph's SqliteSaver class (package langgraph-checkpoint-sqlite, in the extra
+    castore[bench]): the crash campaign's baseline and some tests use it, castore does not."""
+    try:
+        from langgraph.checkpoint.sqlite import SqliteSaver  # noqa: PLC0415 - optional
+    except ImportError as exc:
+        raise ImportError(
+            f"the LangGraph campaign's baseline needs SqliteSaver ({exc}); install it with "
+            "`pip install 'castore[bench]'` (langgraph-checkpoint-sqlite)"
+        ) from exc
+    return SqliteSaver
