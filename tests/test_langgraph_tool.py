@@ -261,6 +261,20 @@ def test_outside_a_graph_thread_is_refused(payments: Payments, store: castore.St
     assert [] == payments.sent
 
 
+def test_same_call_id_with_other_arguments_is_refused(
+    payments: Payments, store: castore.Store
+) -> None:
+    """A call id coming back with other arguments is not the same logical call: castore
+    refuses it as plan drift instead of sending it under the recorded key."""
+    tool = reconciling(payments, store)
+    config: RunnableConfig = {"configurable": {"thread_id": "t", "__pregel_durability": "sync"}}
+    call = {"name": "pay", "args": {"order": "o", "amount": 1}, "id": "c1", "type": "tool_call"}
+    tool.invoke(call, config)
+    with pytest.raises(castore.PlanDriftError):
+        tool.invoke({**call, "args": {"order": "o", "amount": 2}}, config)
+    assert 1 == len(payments.sent)
+
+
 def test_function_without_idempotency_key_is_refused(store: castore.Store) -> None:
     """durable_tool needs the function to take the key it must send."""
 
