@@ -41,7 +41,8 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="castore-lg-campaign-"))
     started = time.monotonic()
     try:
-        tally = campaign(workdir, args.runs, Settings(args.seed, args.kill_window_ms))
+        settings = Settings(args.seed, args.kill_window_ms)
+        tally = campaign(workdir, args.runs, settings, say=lambda line: print(line, flush=True))
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -205,8 +206,11 @@ def judge(
         tally.problems.append(f"{thread}: applied {applied}, the graph reports {receipt!r}")
 
 
-def campaign(workdir: Path, runs: int, settings: Settings) -> Tally:
-    """`runs` threads per arm under fire; returns the tally."""
+def campaign(
+    workdir: Path, runs: int, settings: Settings, say: Callable[[str], None] | None = None
+) -> Tally:
+    """`runs` threads per arm under fire; returns the tally. `say` gets the tally so far
+    every tenth of the way."""
     rng = random.Random(settings.seed)  # noqa: S311 - a reproducible fault schedule
     ledger = workdir / "ledger.jsonl"
     tally = Tally()
@@ -226,4 +230,6 @@ def campaign(workdir: Path, runs: int, settings: Settings) -> Tally:
                 )
                 judge(arm, thread, receipt, ledger, tally=tally, row=row)
             tally.runs += 1
+            if say is not None and (index + 1) % max(1, runs // 10) == 0:
+                say(f"  after {index + 1}/{runs}: {tally.line()}")
     return tally
