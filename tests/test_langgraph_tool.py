@@ -121,10 +121,18 @@ def test_toolnode_pays_once_and_answers_with_the_receipt(
     assert "rcpt-1" == store.verify(task).outcomes["call"].receipt
 
 
-def test_model_sees_no_idempotency_key(payments: Payments, store: castore.Store) -> None:
-    """The schema the model is given has the function's arguments, not the key or call id."""
-    tool = reconciling(payments, store)
-    assert ["amount", "order"] == sorted(tool.tool_call_schema.model_json_schema()["properties"])
+def test_model_sees_no_idempotency_key(store: castore.Store) -> None:
+    """The schema the model is given (decorator form) has the function's arguments and
+    docstring, not the key or the call id."""
+
+    @durable_tool(service=castore.Service("payments"), store=store)
+    def refund(order: str, cents: int, *, idempotency_key: str) -> str:
+        """Refund an order."""
+        return idempotency_key
+
+    schema = refund.tool_call_schema.model_json_schema()
+    assert ("refund", "Refund an order.") == (refund.name, refund.description)
+    assert ["cents", "order"] == sorted(schema["properties"])
 
 
 def test_lost_answer_reexecution_reconciles_with_the_same_key(
@@ -314,6 +322,7 @@ def test_unresolved_call_interrupts_and_confirmed_answer_continues(
     app, value = unresolved_graph(payments, store)
     [task] = store.tasks()
     assert (task, "call", payments.sent[0]) == (value["task"], value["step"], value["key"])
+    assert str(store.root) == value["store"]
     app.invoke(
         Command(resume={"confirmed": "rcpt-1", "who": "ops@example"}), THREAD, durability="sync"
     )
