@@ -2,7 +2,7 @@
 service committed, restart it until its thread finishes, and judge the service's own ledger.
 
 Two arms share one run and one service: `baseline` (SqliteSaver, a plain tool, any durability)
-and `castore` (a durable_tool, durability "sync"). The judge counts ledger entries per order
+and `castore` (a durable_tool, durability "sync" or "async"). The judge counts ledger entries per order
 (the payload, not castore's key): more than one is a duplicate, none (or a receipt the graph
 reports that the ledger lacks) is lost.
 """
@@ -41,7 +41,7 @@ class Tally:
     """What a campaign counted; its last line is the key=value report."""
 
     runs: int = 0
-    kills: int = 0
+    kills: int = 0  # both arms
     duplicates: int = 0
     baseline_duplicates: int = 0
     unresolved: int = 0
