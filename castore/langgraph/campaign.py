@@ -2,9 +2,9 @@
 service committed, restart it until its thread finishes, and judge the service's own ledger.
 
 Two arms share one run and one service: `baseline` (SqliteSaver, a plain tool, any durability)
-and `castore` (a durable_tool, durability "sync" or "async"). The judge counts ledger entries per order
-(the payload, not castore's key): more than one is a duplicate, none (or a receipt the graph
-reports that the ledger lacks) is lost.
+and `castore` (a durable_tool, durability "sync" or "async"). The judge counts ledger entries
+per order (the payload, not castore's key): more than one is a duplicate, none (or a receipt
+the graph reports that the ledger lacks) is lost.
 """
 
 from __future__ import annotations
