@@ -45,7 +45,8 @@ def call_task_id(thread_id: str, namespace: str, tool_call_id: str) -> str:
     """The castore task of one logical tool call: the same on every execution of that call."""
     parts = ("castore-langgraph-call", thread_id, namespace, tool_call_id)
     digest = hash_chunks(part.encode() + b"\0" for part in parts)
-    return f"lg-{digest[:40]}"
+    # Not "lg-": CastoreSaver names its thread tasks "lg-<thread>_n<ns>_g<n>".
+    return f"lgtool-{digest[:40]}"
 
 
 def call_plan(tool: str, args: Mapping[str, Any]) -> castore.Plan:
