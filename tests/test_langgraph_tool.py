@@ -260,12 +260,18 @@ def test_async_durability_waits_for_the_checkpoint_holding_the_call(
     assert ["rcpt-1"] == tool_answers(app)
 
 
-def test_outside_a_graph_thread_is_refused(payments: Payments, store: castore.Store) -> None:
-    """Without a thread id there is nothing stable to key the call on: a clear refusal."""
+def test_without_thread_or_checkpointer_is_refused(
+    payments: Payments, store: castore.Store
+) -> None:
+    """Without a checkpointer nothing of a run survives a crash, and without a thread id
+    nothing is stable to key the call on: each is a clear refusal, nothing sent."""
     tool = reconciling(payments, store)
     call = {"name": "pay", "args": {"order": "o", "amount": 1}, "id": "c1", "type": "tool_call"}
+    sync: dict[str, Any] = {"__pregel_durability": "sync"}
+    with pytest.raises(UnsafeDurabilityError, match="no checkpointer"):
+        tool.invoke(call, {"configurable": {**sync, "thread_id": "t"}})
     with pytest.raises(castore.UsageError, match="needs a thread"):
-        tool.invoke(call, {"configurable": {"__pregel_durability": "sync"}})
+        tool.invoke(call, {"configurable": {**sync, "__pregel_checkpointer": InMemorySaver()}})
     assert [] == payments.sent
 
 
@@ -275,7 +281,14 @@ def test_same_call_id_with_other_arguments_is_refused(
     """A call id coming back with other arguments is not the same logical call: castore
     refuses it as plan drift instead of sending it under the recorded key."""
     tool = reconciling(payments, store)
-    config: RunnableConfig = {"configurable": {"thread_id": "t", "__pregel_durability": "sync"}}
+    saver = InMemorySaver()
+    config: RunnableConfig = {
+        "configurable": {
+            "thread_id": "t",
+            "__pregel_durability": "sync",
+            "__pregel_checkpointer": saver,
+        }
+    }
     call = {"name": "pay", "args": {"order": "o", "amount": 1}, "id": "c1", "type": "tool_call"}
     tool.invoke(call, config)
     with pytest.raises(castore.PlanDriftError):
