@@ -9,6 +9,7 @@ service, where the baseline arm must show the duplicates castore's arm does not.
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import subprocess
 import sys
@@ -35,9 +36,9 @@ from castore.langgraph.deps import (
     InMemorySaver,
     MessagesState,
     RunnableConfig,
-    SqliteSaver,
     StateGraph,
     ToolMessage,
+    sqlite_saver,
 )
 from castore.langgraph.tool import call_task_id
 from castore.watch import Watcher
@@ -120,10 +121,18 @@ def test_toolnode_pays_once_and_answers_with_the_receipt(
     assert "rcpt-1" == store.verify(task).outcomes["call"].receipt
 
 
-def test_model_sees_no_idempotency_key(payments: Payments, store: castore.Store) -> None:
-    """The schema the model is given has the function's arguments, not the key or call id."""
-    tool = reconciling(payments, store)
-    assert ["amount", "order"] == sorted(tool.tool_call_schema.model_json_schema()["properties"])
+def test_model_sees_no_idempotency_key(store: castore.Store) -> None:
+    """The schema the model is given (decorator form) has the function's arguments and
+    docstring, not the key or the call id."""
+
+    @durable_tool(service=castore.Service("payments"), store=store)
+    def refund(order: str, cents: int, *, idempotency_key: str) -> str:
+        """Refund an order."""
+        return idempotency_key
+
+    schema = refund.tool_call_schema.model_json_schema()
+    assert ("refund", "Refund an order.") == (refund.name, refund.description)
+    assert ["cents", "order"] == sorted(schema["properties"])
 
 
 def test_lost_answer_reexecution_reconciles_with_the_same_key(
@@ -156,6 +165,23 @@ def test_reexecution_resubmits_with_the_same_key_when_not_applied(
     assert [payments.sent[0]] == [key for key, _, _ in payments.ledger]
 
 
+def test_ainvoke_reexecution_pays_once(payments: Payments, store: castore.Store) -> None:
+    """Driven with ainvoke (the tool runs in an executor thread), a lost answer is looked up
+    by key on re-execution, in both modes the tool accepts."""
+
+    async def drive(app: Any, config: dict[str, Any], mode: str) -> None:
+        with pytest.raises(ConnectionError):
+            await app.ainvoke({"messages": [("user", "pay")]}, config, durability=mode)
+        await app.ainvoke(None, config, durability=mode)
+
+    app = build_agent(PayingModel(order="o-5"), reconciling(payments, store), InMemorySaver())
+    for mode in ("sync", "async"):
+        payments.drop_answers = 1
+        asyncio.run(drive(app, {"configurable": {"thread_id": mode}}, mode))
+    assert 2 == len(payments.ledger)
+    assert 2 == len(set(payments.sent))
+
+
 def test_hand_written_node_with_sqlite_saver(payments: Payments, store: castore.Store) -> None:
     """A node that invokes the tool itself with the model's tool calls works like ToolNode,
     with SqliteSaver as the checkpointer, through a lost answer and a re-execution."""
@@ -177,7 +203,8 @@ def test_hand_written_node_with_sqlite_saver(payments: Payments, store: castore.
     graph.add_edge(START, "agent")
     graph.add_edge("agent", "pay")
     graph.add_edge("pay", "agent")
-    saver = SqliteSaver(sqlite3.connect(":memory:", check_same_thread=False))
+    pytest.importorskip("langgraph.checkpoint.sqlite")
+    saver = sqlite_saver()(sqlite3.connect(":memory:", check_same_thread=False))
     app = graph.compile(checkpointer=saver, interrupt_after=["agent"])
     payments.drop_answers = 1
     start(app)  # the model asked for the payment; paused after it (a checkpoint)
@@ -233,13 +260,40 @@ def test_async_durability_waits_for_the_checkpoint_holding_the_call(
     assert ["rcpt-1"] == tool_answers(app)
 
 
-def test_outside_a_graph_thread_is_refused(payments: Payments, store: castore.Store) -> None:
-    """Without a thread id there is nothing stable to key the call on: a clear refusal."""
+def test_without_thread_or_checkpointer_is_refused(
+    payments: Payments, store: castore.Store
+) -> None:
+    """Without a checkpointer nothing of a run survives a crash, and without a thread id
+    nothing is stable to key the call on: each is a clear refusal, nothing sent."""
     tool = reconciling(payments, store)
     call = {"name": "pay", "args": {"order": "o", "amount": 1}, "id": "c1", "type": "tool_call"}
+    sync: dict[str, Any] = {"__pregel_durability": "sync"}
+    with pytest.raises(UnsafeDurabilityError, match="no checkpointer"):
+        tool.invoke(call, {"configurable": {**sync, "thread_id": "t"}})
     with pytest.raises(castore.UsageError, match="needs a thread"):
-        tool.invoke(call, {"configurable": {"__pregel_durability": "sync"}})
+        tool.invoke(call, {"configurable": {**sync, "__pregel_checkpointer": InMemorySaver()}})
     assert [] == payments.sent
+
+
+def test_same_call_id_with_other_arguments_is_refused(
+    payments: Payments, store: castore.Store
+) -> None:
+    """A call id coming back with other arguments is not the same logical call: castore
+    refuses it as plan drift instead of sending it under the recorded key."""
+    tool = reconciling(payments, store)
+    saver = InMemorySaver()
+    config: RunnableConfig = {
+        "configurable": {
+            "thread_id": "t",
+            "__pregel_durability": "sync",
+            "__pregel_checkpointer": saver,
+        }
+    }
+    call = {"name": "pay", "args": {"order": "o", "amount": 1}, "id": "c1", "type": "tool_call"}
+    tool.invoke(call, config)
+    with pytest.raises(castore.PlanDriftError):
+        tool.invoke({**call, "args": {"order": "o", "amount": 2}}, config)
+    assert 1 == len(payments.sent)
 
 
 def test_function_without_idempotency_key_is_refused(store: castore.Store) -> None:
@@ -281,6 +335,7 @@ def test_unresolved_call_interrupts_and_confirmed_answer_continues(
     app, value = unresolved_graph(payments, store)
     [task] = store.tasks()
     assert (task, "call", payments.sent[0]) == (value["task"], value["step"], value["key"])
+    assert str(store.root) == value["store"]
     app.invoke(
         Command(resume={"confirmed": "rcpt-1", "who": "ops@example"}), THREAD, durability="sync"
     )
@@ -355,6 +410,7 @@ def test_small_campaign_castore_never_pays_twice_where_the_baseline_does(workdir
     """Real SIGKILLs (right after the service committed, at castore's crash points, at random):
     the baseline arm (SqliteSaver + a plain tool) pays some orders twice; castore's arm pays
     every order exactly once and reports the receipt the service's ledger holds."""
+    pytest.importorskip("langgraph.checkpoint.sqlite")
     settings = Settings(seed=5, after_apply_share=0.0, point_share=0.2, random_share=0.1)
     tally = campaign(workdir, 2, settings)
     assert 2 == tally.runs

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from castore.langgraph.campaign import Settings, campaign
+from castore.langgraph.campaign import Settings, campaign, castore_checkpointer
 
 
 def main() -> int:
@@ -41,7 +41,8 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="castore-lg-campaign-"))
     started = time.monotonic()
     try:
-        tally = campaign(workdir, args.runs, Settings(args.seed, args.kill_window_ms))
+        settings = Settings(args.seed, args.kill_window_ms)
+        tally = campaign(workdir, args.runs, settings, say=lambda line: print(line, flush=True))
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -51,7 +52,11 @@ def main() -> int:
         print(f"baseline: {note}")
     for name, (threads, kills, duplicates) in sorted(tally.table.items()):
         print(f"arm={name} threads={threads} kills={kills} duplicates={duplicates}")
-    print(f"elapsed_s={time.monotonic() - started:.1f} baseline_lost={tally.baseline_lost}")
+    elapsed = time.monotonic() - started
+    print(
+        f"elapsed_s={elapsed:.1f} baseline_lost={tally.baseline_lost} "
+        f"castore_checkpointer={castore_checkpointer()}"
+    )
     print(tally.line())
     return 0 if tally.duplicates == 0 and tally.lost == 0 else 1
 

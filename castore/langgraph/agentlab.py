@@ -13,6 +13,7 @@ graph paused on an UNRESOLVED call (the interrupt's value is printed as JSON).
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import signal
@@ -34,11 +35,11 @@ from castore.langgraph.deps import (
     ChatResult,
     Command,
     MessagesState,
-    SqliteSaver,
     StateGraph,
     StructuredTool,
     ToolMessage,
     ToolNode,
+    sqlite_saver,
     tools_condition,
 )
 from castore.langgraph.tool import durable_tool
@@ -135,6 +136,25 @@ def payment_tool(arm: str, client: ServiceClient, store: str, declare: str) -> B
     return tool
 
 
+def castore_saver(path: str) -> Any:
+    """CastoreSaver on `path` where castore.langgraph has it (helper wp-saver's branch), else
+    None."""
+    try:
+        module = importlib.import_module("castore.langgraph.saver")
+    except ModuleNotFoundError:
+        return None
+    return module.CastoreSaver(path)
+
+
+def checkpointer(args: argparse.Namespace) -> Any:
+    """The arm's checkpointer: castore's arm uses CastoreSaver when it exists (in a store of
+    its own), the baseline SqliteSaver."""
+    saver = castore_saver(f"{args.store}-graph") if args.arm == "castore" else None
+    if saver is None:
+        saver = sqlite_saver()(sqlite3.connect(args.sqlite, check_same_thread=False))
+    return saver
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--arm", choices=("baseline", "castore"), required=True)
@@ -148,8 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     client = ServiceClient(args.service, timeout=10.0)
     tool = payment_tool(args.arm, client, args.store, args.declare)
-    connection = sqlite3.connect(args.sqlite, check_same_thread=False)
-    app = build_agent(PayingModel(order=args.thread), tool, SqliteSaver(connection))
+    app = build_agent(PayingModel(order=args.thread), tool, checkpointer(args))
     config = {"configurable": {"thread_id": args.thread}}
     print("ready", flush=True)
     state = app.get_state(config)

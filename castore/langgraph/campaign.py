@@ -2,13 +2,14 @@
 service committed, restart it until its thread finishes, and judge the service's own ledger.
 
 Two arms share one run and one service: `baseline` (SqliteSaver, a plain tool, any durability)
-and `castore` (a durable_tool, durability "sync"). The judge counts ledger entries per order
-(the payload, not castore's key): more than one is a duplicate, none (or a receipt the graph
-reports that the ledger lacks) is lost.
+and `castore` (a durable_tool, durability "sync" or "async"). The judge counts ledger entries
+per order (the payload, not castore's key): more than one is a duplicate, none (or a receipt
+the graph reports that the ledger lacks) is lost.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import random
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +42,7 @@ class Tally:
     """What a campaign counted; its last line is the key=value report."""
 
     runs: int = 0
-    kills: int = 0
+    kills: int = 0  # both arms
     duplicates: int = 0
     baseline_duplicates: int = 0
     unresolved: int = 0
@@ -205,8 +207,17 @@ def judge(
         tally.problems.append(f"{thread}: applied {applied}, the graph reports {receipt!r}")
 
 
-def campaign(workdir: Path, runs: int, settings: Settings) -> Tally:
-    """`runs` threads per arm under fire; returns the tally."""
+def castore_checkpointer() -> str:
+    """The checkpointer castore's arm runs with (CastoreSaver once castore.langgraph has it)."""
+    found = importlib.util.find_spec("castore.langgraph.saver") is not None
+    return "CastoreSaver" if found else "SqliteSaver"
+
+
+def campaign(
+    workdir: Path, runs: int, settings: Settings, say: Callable[[str], None] | None = None
+) -> Tally:
+    """`runs` threads per arm under fire; returns the tally. `say` gets the tally so far
+    every tenth of the way."""
     rng = random.Random(settings.seed)  # noqa: S311 - a reproducible fault schedule
     ledger = workdir / "ledger.jsonl"
     tally = Tally()
@@ -226,4 +237,6 @@ def campaign(workdir: Path, runs: int, settings: Settings) -> Tally:
                 )
                 judge(arm, thread, receipt, ledger, tally=tally, row=row)
             tally.runs += 1
+            if say is not None and (index + 1) % max(1, runs // 10) == 0:
+                say(f"  after {index + 1}/{runs}: {tally.line()}")
     return tally

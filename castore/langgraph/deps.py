@@ -6,6 +6,8 @@ one clear ImportError at one place and `import castore` never loads either libra
 
 from __future__ import annotations
 
+from typing import Any
+
 try:
     from langchain_core.language_models.chat_models import BaseChatModel
     from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
@@ -31,7 +33,6 @@ try:
     )
     from langgraph.checkpoint.memory import InMemorySaver
     from langgraph.checkpoint.serde.base import SerializerProtocol
-    from langgraph.checkpoint.sqlite import SqliteSaver
     from langgraph.graph import END, START, MessagesState, StateGraph
     from langgraph.prebuilt import ToolNode, tools_condition
     from langgraph.types import Command, interrupt
@@ -63,7 +64,6 @@ __all__ = [
     "PendingWrite",
     "RunnableConfig",
     "SerializerProtocol",
-    "SqliteSaver",
     "StateGraph",
     "StructuredTool",
     "ToolMessage",
@@ -72,6 +72,20 @@ __all__ = [
     "get_checkpoint_id",
     "get_checkpoint_metadata",
     "interrupt",
+    "sqlite_saver",
     "tools_condition",
     "writes_sort_key",
 ]
+
+
+def sqlite_saver() -> Any:
+    """LangGraph's SqliteSaver class (package langgraph-checkpoint-sqlite, in the extra
+    castore[bench]): the crash campaign's baseline and some tests use it, castore does not."""
+    try:
+        from langgraph.checkpoint.sqlite import SqliteSaver  # noqa: PLC0415 - optional
+    except ImportError as exc:
+        raise ImportError(
+            f"the LangGraph campaign's baseline needs SqliteSaver ({exc}); install it with "
+            "`pip install 'castore[bench]'` (langgraph-checkpoint-sqlite)"
+        ) from exc
+    return SqliteSaver

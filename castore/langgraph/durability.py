@@ -31,15 +31,17 @@ _FIRST_POLL_S, _MAX_POLL_S = 0.001, 0.05
 class UnsafeDurabilityError(UsageError):
     """The graph runs in a mode (or with a checkpointer) that can lose the tool call id."""
 
-    def __init__(self, mode: str, tool: str, why: str | None = None) -> None:
+    def __init__(
+        self, mode: str, tool: str, why: str | None = None, fix: str | None = None
+    ) -> None:
         self.mode = mode
         why = why or (
             "a crash can lose the checkpoint that holds the model's tool call, the model runs "
             "again, its new call gets a new id and the effect a new key"
         )
+        fix = fix or "run the graph with durability='sync' (graph.invoke(..., durability='sync'))"
         super().__init__(
-            f"durable tool {tool!r} runs in a graph with durability={mode!r}: {why}. Run the "
-            "graph with durability='sync' (graph.invoke(..., durability='sync'))"
+            f"durable tool {tool!r} runs in a graph with durability={mode!r}: {why}; {fix}"
         )
 
 
@@ -61,6 +63,14 @@ def ensure_call_durable(config: RunnableConfig, tool: str, wait_s: float = WAIT_
     mode = durability_of(config)
     if mode not in SAFE_MODES:
         raise UnsafeDurabilityError(mode, tool)
+    if config.get("configurable", {}).get(_CHECKPOINTER) is None:
+        raise UnsafeDurabilityError(
+            mode,
+            tool,
+            "the graph has no checkpointer, so after a crash nothing of the run is left and the "
+            "model's call comes back with a new id",
+            "compile the graph with a checkpointer (graph.compile(checkpointer=...))",
+        )
     if mode == "async":
         _await_checkpoint(config, tool, wait_s)
 

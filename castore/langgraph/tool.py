@@ -45,7 +45,8 @@ def call_task_id(thread_id: str, namespace: str, tool_call_id: str) -> str:
     """The castore task of one logical tool call: the same on every execution of that call."""
     parts = ("castore-langgraph-call", thread_id, namespace, tool_call_id)
     digest = hash_chunks(part.encode() + b"\0" for part in parts)
-    return f"lg-{digest[:40]}"
+    # Not "lg-": CastoreSaver names its thread tasks "lg-<thread>_n<ns>_g<n>".
+    return f"lgtool-{digest[:40]}"
 
 
 def call_plan(tool: str, args: Mapping[str, Any]) -> castore.Plan:
@@ -55,11 +56,14 @@ def call_plan(tool: str, args: Mapping[str, Any]) -> castore.Plan:
     return castore.Plan.build("langgraph-tool", castore.effect(STEP), tool=tool, args=args_digest)
 
 
-def interrupt_value(run: castore.Run, tool: str, call_id: str, why: str | None) -> dict[str, Any]:
+def interrupt_value(
+    run: castore.Run, store: castore.Store, tool: str, call_id: str, why: str | None
+) -> dict[str, Any]:
     """What the graph's caller sees in the interrupt: which effect and how to answer."""
     record = run.head.effect(STEP)
     return {
         "castore": "unresolved",
+        "store": str(store.root),
         "task": run.task_id,
         "step": STEP,
         "key": record.key if record is not None else None,
@@ -126,7 +130,7 @@ class _Call:
                     # Raises GraphInterrupt on the first execution; on the one resumed with
                     # Command(resume=...) it returns the person's answer.
                     answer = interrupt(
-                        interrupt_value(run, self.tool.name, self.call_id, exc.reason)
+                        interrupt_value(run, store, self.tool.name, self.call_id, exc.reason)
                     )
                     receipt = record_answer(run, answer)
                     if receipt is not None:
