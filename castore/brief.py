@@ -19,9 +19,8 @@ import attrs
 
 from castore import briefview, codec, guard
 from castore.briefview import TaskView
-from castore.effects import NextAction, effect_action, span
+from castore.effects import NextAction, effect_action, span, when_text
 from castore.errors import UsageError
-from castore.forget import when_text
 from castore.outcomes import Outcome
 from castore.plans import head_digest
 from castore.records import EffectRecord, EffectState, TransitionKind

@@ -8,6 +8,7 @@ can do, and the time.
 from __future__ import annotations
 
 import enum
+import time
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -147,6 +148,11 @@ class ChainClock:
         if parent_ms - time_ms > clock.backwards_ms:
             clock = attrs.evolve(clock, backwards_ms=parent_ms - time_ms, backwards_seq=seq)
         return clock
+
+
+def when_text(time_ms: int) -> str:
+    """A recorded time as a person reads it: UTC, to the second."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time_ms / 1000))
 
 
 def span(ms: int) -> str:

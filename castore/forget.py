@@ -11,11 +11,11 @@ from __future__ import annotations
 import os
 import secrets
 import socket
-import time
 
 import attrs
 
 from castore import codec, fsio
+from castore.effects import when_text
 from castore.errors import (
     ChainError,
     ConflictError,
@@ -50,11 +50,6 @@ class Forgotten:
 
 def is_tombstone(snapshot: Snapshot) -> bool:
     return snapshot.transition.kind is TransitionKind.FORGET
-
-
-def when_text(time_ms: int) -> str:
-    """A tombstone's time as a person reads it: UTC, to the second."""
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time_ms / 1000))
 
 
 def forgotten_error(task_id: str, tombstone: Snapshot) -> TaskForgottenError:

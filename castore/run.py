@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from castore import codec, fsio, gate, guard, journal, limits, protocol
+from castore.brief import Brief, make_brief
+from castore.briefview import view_of
 from castore.digest import hash_bytes, hash_chunks
 from castore.effects import ChainClock, NextAction, Service
 from castore.errors import (
@@ -52,7 +54,6 @@ from castore.trees import load_result, parts_reached, stored_result
 from castore.verify import VerifiedChain, mark_through
 
 if TYPE_CHECKING:
-    from castore.brief import Brief
     from castore.protocol import Call
 
 EnvSource = str | Callable[[], str | None] | None
@@ -583,9 +584,7 @@ class Run:
 
     def brief(self, *, budget_tokens: int = 512, now_ms: int | None = None) -> Brief:
         """The resume brief of this task (castore.brief.make_brief), from what the run holds."""
-        from castore import brief, briefview  # noqa: PLC0415 - brief reads status, which imports run
-
-        view = briefview.view_of(
+        view = view_of(
             self.task_id,
             self.head,
             self.head_id,
@@ -593,7 +592,7 @@ class Run:
             clock=self.chain_clock,
             outcomes=self._outcomes,
         )
-        return brief.make_brief(view, budget_tokens=budget_tokens, now_ms=now_ms)
+        return make_brief(view, budget_tokens=budget_tokens, now_ms=now_ms)
 
     # -- effects (the protocol itself is in castore.protocol) --------------------------
     def next_action(self, step_id: str | None = None) -> NextAction:

@@ -7,9 +7,8 @@ from typing import Any
 import attrs
 
 from castore import codec
-from castore.effects import Action, NextAction, effect_action
+from castore.effects import Action, NextAction, effect_action, when_text
 from castore.errors import CastoreError
-from castore.forget import when_text
 from castore.records import TransitionKind
 from castore.verify import VerifiedHead
 
