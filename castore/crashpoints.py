@@ -33,6 +33,7 @@ POINTS = (
     "effect.submitted",
     "effect.sent",
     "effect.confirmed",
+    "grow.decided",
     "seal.pack_written",
     "seal.committed",
     "seal.mark_written",

@@ -38,7 +38,7 @@ from castore.errors import (
 from castore.forget import as_v2, is_tombstone, refuse_forgotten
 from castore.layout import validate_object_id
 from castore.objects import ObjectStore
-from castore.outcomes import Outcome
+from castore.outcomes import Outcome, outcome_of
 from castore.packwalk import read_pack
 from castore.records import (
     EffectRecord,
@@ -50,7 +50,7 @@ from castore.records import (
     Writer,
 )
 from castore.refs import TaskSlots
-from castore.run import Run, RunSettings, derive_key, encode_snapshot
+from castore.run import Run, RunSettings, derive_key, derive_step_key, encode_snapshot
 from castore.verify import VerifiedChain, decode_snapshot
 
 TREE_VERSION = 2  # the header version of a tree object (format v2)
@@ -96,12 +96,14 @@ def fork(
         parent=None,
         plan=snapshot.plan,
         frontier=snapshot.frontier,
-        effects=tuple(_replanned(new_task, snapshot.plan, r, now) for r in snapshot.effects),
+        effects=tuple(_replanned(new_task, snapshot, r, now) for r in snapshot.effects),
         transition=Transition(TransitionKind.START),
         env=snapshot.env,
         time_ms=now,
         writer=Writer(socket.gethostname(), os.getpid(), secrets.token_hex(8)),
         fork=Fork(snapshot.task, seq, snapshot_id, tree_id),
+        # A growing plan's decisions come along; a fork goes on, so it is not finished.
+        grown=None if snapshot.grown is None else attrs.evolve(snapshot.grown, finished=False),
     )
     data = as_v2(encode_snapshot(start, settings))
     if os.path.isdir(new_slots.directory):
@@ -148,9 +150,12 @@ def _fork_point(source: list[tuple[str, Snapshot]], seq: int) -> tuple[str, Snap
     return snapshot_id, snapshot
 
 
-def _replanned(task_id: str, plan_id: str, record: EffectRecord, now_ms: int) -> EffectRecord:
+def _replanned(task_id: str, snapshot: Snapshot, record: EffectRecord, now_ms: int) -> EffectRecord:
     """An open effect record of the source as the fork's PLANNED record: a new key."""
-    key = derive_key(task_id, plan_id, record.step)
+    if snapshot.grown is not None:
+        key = derive_step_key(task_id, record.step)
+    else:
+        key = derive_key(task_id, snapshot.plan, record.step)
     return EffectRecord(record.step, key, EffectState.PLANNED, now_ms)
 
 
@@ -171,25 +176,30 @@ def carried_outcomes(
 
 def _record(outcomes: dict[str, Outcome], snapshot: Snapshot) -> None:
     """The walk's rule (verify.py): the newest outcome of a step wins."""
-    transition = snapshot.transition
-    step = transition.step
-    if step is None or step in outcomes:
+    outcome = outcome_of(snapshot)
+    if outcome is None or outcome.step in outcomes:
         return
-    if transition.kind is TransitionKind.STEP:
-        outcomes[step] = Outcome(step, snapshot.seq, transition.result, transition.result_ref)
-    elif transition.effect_to is EffectState.CONFIRMED:
-        outcomes[step] = Outcome(step, snapshot.seq, receipt=transition.receipt)
+    if snapshot.grown is None:  # a fixed plan's carried outcomes keep their v2.0 form
+        outcome = attrs.evolve(outcome, index=None, args=None)
+    outcomes[outcome.step] = outcome
 
 
 def _put_outcomes(objects: ObjectStore, outcomes: dict[str, Outcome]) -> tuple[str, list[str]]:
     """Store the tree of carried outcomes; its id and the result objects it names."""
-    data = {
-        step: [o.seq, o.result, o.receipt, o.result_ref] for step, o in sorted(outcomes.items())
-    }
+    data = {step: _entry(o) for step, o in sorted(outcomes.items())}
     refs = {step: o.result_ref for step, o in outcomes.items() if o.result_ref is not None}
     body = codec.encode_value({"data": data, "refs": refs})
     tree_id = objects.put_framed(codec.frame("tree", body, version=TREE_VERSION))
     return tree_id, sorted(set(refs.values()))
+
+
+def _entry(outcome: Outcome) -> list[Any]:
+    """A carried outcome as the tree holds it; a growing plan's with its position and
+    argument digest too (FORMAT.md 7.2, Fork)."""
+    entry = [outcome.seq, outcome.result, outcome.receipt, outcome.result_ref]
+    if outcome.index is not None:
+        entry += [outcome.index, outcome.args]
+    return entry
 
 
 def read_outcomes(objects: ObjectStore, task_id: str, fork_field: Fork) -> dict[str, Outcome]:
@@ -219,12 +229,17 @@ def _outcomes_in(value: Any) -> Iterator[tuple[str, Outcome]]:
     if not isinstance(data, dict) or not isinstance(refs, dict):
         raise TypeError("data and refs must be objects")
     for step, entry in data.items():
-        seq, result, receipt, result_ref = entry
+        if not isinstance(entry, list) or len(entry) not in (4, 6):
+            raise TypeError(f"step {step!r}: [seq, result, receipt, result_ref] expected")
+        seq, result, receipt, result_ref = entry[:4]
+        index, args = entry[4:] if len(entry) == 6 else (None, None)
         if type(seq) is not int or not isinstance(receipt, str | None):
             raise TypeError(f"step {step!r}: [seq, result, receipt, result_ref] expected")
+        if not (type(index) is int or index is None) or not isinstance(args, str | None):
+            raise TypeError(f"step {step!r}: [..., index, args] expected")
         if result_ref != refs.get(step):
             raise ValueError(f"step {step!r}: its result_ref is not the one the tree's refs name")
-        yield step, Outcome(step, seq, result, result_ref, receipt)
+        yield step, Outcome(step, seq, result, result_ref, receipt, args=args, index=index)
 
 
 def carried_by(objects: ObjectStore, chain: VerifiedChain) -> dict[str, Outcome]:
@@ -247,4 +262,4 @@ def carry_into(run: Run, carried: dict[str, Outcome]) -> None:
     (theirs are newer)."""
     for step, outcome in carried.items():
         if not run.done(step):
-            run.record_outcome(outcome)
+            run.carry_outcome(outcome)

@@ -10,6 +10,7 @@ from castore.errors import (
     MalformedFrontierError,
     PlanDriftError,
 )
+from castore.growth import frontier_problems
 from castore.records import EffectState, Plan, Snapshot, Step
 from castore.verify import VerifiedChain
 
@@ -37,28 +38,25 @@ def check_plan(chain: VerifiedChain, plan: Plan, plan_id: str) -> None:
 def check_frontier(task_id: str, head: Snapshot, plan: Plan) -> None:
     """Invariant 5: the frontier and the effect records fit the plan (a growing plan's: its
     base steps, then the steps decided so far, the frontier's maybe decided and not done)."""
+    if plan.grows or head.grown is not None:
+        steps = tuple(step.id for step in plan.steps)
+        effects = frozenset(step.id for step in plan.steps if step.effect)
+        problems = frontier_problems(steps, effects, bool(plan.grows), head)
+        if problems:
+            raise MalformedFrontierError(task_id, "; ".join(problems))
+        return
     frontier = head.frontier
-    steps = len(plan.steps)
-    grown = head.grown
-    if (grown is not None) != bool(plan.grows):
-        raise MalformedFrontierError(task_id, "grown does not match the plan (growing or fixed)")
-    last = steps + (grown.steps if grown is not None else 0)
-    if not 0 <= frontier.index <= last:
-        raise MalformedFrontierError(task_id, f"step index {frontier.index} outside 0..{last}")
-    if grown is not None and grown.steps and frontier.index < last - 1:
+    if not 0 <= frontier.index <= len(plan.steps):
         raise MalformedFrontierError(
-            task_id, f"step index {frontier.index} is behind the {grown.steps} steps decided"
+            task_id, f"step index {frontier.index} outside 0..{len(plan.steps)}"
         )
-    expected = plan.steps[frontier.index].id if frontier.index < steps else None
-    decided = grown is not None and frontier.index >= steps and frontier.index == last - 1
-    if frontier.step != expected and not (decided and frontier.step is not None):
+    expected = plan.steps[frontier.index].id if frontier.index < len(plan.steps) else None
+    if frontier.step != expected:
         raise MalformedFrontierError(
             task_id, f"step {frontier.step!r} at index {frontier.index}, plan has {expected!r}"
         )
     known = {step.id: step for step in plan.steps}
     for record in head.effects:
-        if record.step not in known and decided and record.step == frontier.step:
-            continue  # the decided effect at the frontier
         if record.step not in known or not known[record.step].effect:
             raise MalformedFrontierError(
                 task_id, f"effect record for unknown effect {record.step!r}"

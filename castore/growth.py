@@ -99,3 +99,35 @@ def _decide_changes(
     elif decided.effect:
         problems.append(f"{decided.id!r}: an effect is decided and recorded in one step")
     return problems
+
+
+def frontier_problems(
+    steps: tuple[str, ...], effects: frozenset[str], grows: bool, snapshot: Snapshot
+) -> list[str]:
+    """What is wrong with the frontier and effect records of `snapshot` of a task whose plan
+    has base `steps` (effect steps `effects`) and grows if `grows` (S4, S6 for growing plans;
+    a fixed plan's snapshot is the caller's to judge). Accepts fsck's views."""
+    grown, frontier = snapshot.grown, snapshot.frontier
+    if (grown is not None) != grows:
+        return ["grown does not match the plan (growing or fixed)"]
+    if grown is None:
+        return []
+    base, index, step = len(steps), frontier.index, frontier.step
+    last = base + grown.steps
+    decided = index >= base and index == last - 1 and grown.steps > 0 and step is not None
+    problems = []
+    if not 0 <= index <= last:
+        problems.append(f"step index {index} outside 0..{last}")
+    elif grown.steps and index < last - 1:
+        problems.append(f"step index {index} is behind the {grown.steps} steps decided")
+    elif not decided and step != (steps[index] if index < base else None):
+        expected = steps[index] if index < base else None
+        problems.append(f"step {step!r} at index {index}, the plan has {expected!r}")
+    for record in snapshot.effects:
+        if decided and record.step == step:
+            continue  # the decided effect at the frontier
+        if record.step not in effects:
+            problems.append(f"effect record for {record.step!r}, not an effect of the plan")
+        elif steps.index(record.step) > index:
+            problems.append(f"effect {record.step!r} is beyond the frontier")
+    return problems

@@ -10,7 +10,9 @@ not-found until the run records it (in the tail).
 
 from __future__ import annotations
 
+import bisect
 import contextlib
+from array import array
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -97,6 +99,7 @@ class Outcomes(Mapping[str, Outcome]):
         self._misses: set[str] = set()
         self._found: OrderedDict[str, Outcome] = OrderedDict()
         self._inflated: tuple[str, list[bytes]] | None = None  # the last pack inflated
+        self._sealed_hashes: list[array[int]] | None = None  # per pack, sorted: `has`
 
     @property
     def pack_refs(self) -> tuple[PackRef, ...]:
@@ -116,7 +119,7 @@ class Outcomes(Mapping[str, Outcome]):
             return found
         if step in self._misses or not self._packs:
             raise KeyError(step)
-        for pack in self._packs:
+        for pack in self._candidates(step):
             seq = self._index(pack).get(step)
             if seq is not None:
                 return self._load(pack, step, seq)
@@ -124,6 +127,31 @@ class Outcomes(Mapping[str, Outcome]):
             self._misses.clear()
         self._misses.add(step)
         raise KeyError(step)
+
+    def has(self, step: str) -> bool:
+        """True if `step` has an outcome (a growing plan asks it of every step it decides:
+        a repeated id is refused)."""
+        return step in self
+
+    def _candidates(self, step: str) -> Iterator[PackRef]:
+        """The packs that may hold `step`, newest first. Past the newest, a look-up must not
+        read every pack's index each time (a replay from position 0 of a long task asks for
+        steps of the oldest packs, a new step of a growing plan is in none): the first such
+        look-up reads each index once and keeps 8 bytes per sealed step, a sorted array of
+        short hashes per pack; a pack is read only when its array has the step's hash."""
+        yield self._packs[0]
+        if len(self._packs) == 1:
+            return
+        if self._sealed_hashes is None:
+            self._sealed_hashes = [
+                array("Q", sorted(_short_hash(name) for name in self._index(pack)))
+                for pack in self._packs
+            ]
+        short = _short_hash(step)
+        for pack, hashes in zip(self._packs[1:], self._sealed_hashes[1:], strict=True):
+            at = bisect.bisect_left(hashes, short)
+            if at < len(hashes) and hashes[at] == short:
+                yield pack
 
     def snapshot_bytes(self, seq: int) -> bytes | None:
         """The framed snapshot at `seq` if a sealed pack of the chain holds it (read and
@@ -198,3 +226,8 @@ class Outcomes(Mapping[str, Outcome]):
         if len(self._found) > _CACHED_MISSES:
             self._found.popitem(last=False)
         return outcome
+
+
+def _short_hash(step: str) -> int:
+    """64 bits of a step id, for membership only (a hit is confirmed by the real look-up)."""
+    return hash(step) & 0xFFFF_FFFF_FFFF_FFFF

@@ -15,6 +15,7 @@ import enum
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from castore import crashpoints
 from castore.errors import ReplayDriftError, UsageError
 from castore.plans import validate_step_id
 from castore.records import Frontier, Snapshot, Step, Transition, TransitionKind
@@ -97,7 +98,9 @@ class Replay:
         if effect:
             effects = (*effects, run.planned(step_id))
         transition = Transition(TransitionKind.DECIDE, step=step_id, decided=step, args=args)
-        return run.advance(transition, effects, frontier=frontier, grown=grown)
+        snapshot_id = run.advance(transition, effects, frontier=frontier, grown=grown)
+        crashpoints.reach("grow.decided")
+        return snapshot_id
 
     def _check_done(self, cursor: int, step_id: str, effect: bool, args: str | None) -> None:
         """The recorded step at `cursor` (< the frontier) is `step_id`, of that kind and

@@ -115,6 +115,14 @@ def override(
     frontier, effects = run.head.frontier, run.head.effects
     replaced = None
     if new_plan is not None and new_plan_id is not None and new_plan_id != run.plan_id:
+        if run.grows or new_plan.grows:
+            # Its decided steps are the task's own history, which no remap onto another
+            # plan could keep exact (their positions, the rolling digest, their keys).
+            raise UsageError(
+                f"task {run.task_id!r}: an override cannot change the plan of a task whose "
+                "plan grows, or make a plan grow; start a new task with the new plan (a "
+                "fork carries what this one did)"
+            )
         frontier = _remap_frontier(run, new_plan)
         replaced = run.plan_id
         planned = planned_record(run.task_id, new_plan, new_plan_id, frontier.index, run.now_ms())

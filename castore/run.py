@@ -187,6 +187,7 @@ class Run:
         self.env_unverified = False
         self._sealer: Sealer | None = None
         self._replay = Replay(self)
+        self._base_ids: dict[str, int] | None = None  # the plan's step ids, when first needed
         if settings.seal_every is not None:
             self._sealer = Sealer(
                 objects,
@@ -367,15 +368,15 @@ class Run:
 
     def _first_position(self, step_id: str) -> tuple[bool, int | None]:
         """(True, its position) if the task has step `step_id` already, else (False, None)."""
-        for position, step in enumerate(self.plan.steps):
-            if step.id == step_id:
-                return True, position
+        if self._base_ids is None:
+            self._base_ids = {step.id: position for position, step in enumerate(self.plan.steps)}
+        if step_id in self._base_ids:
+            return True, self._base_ids[step_id]
         if self.head.frontier.step == step_id:
             return True, self.head.frontier.index
-        try:
+        if self._outcomes.has(step_id):
             return True, self._outcomes[step_id].index
-        except KeyError:
-            return False, None
+        return False, None
 
     def planned(self, step_id: str) -> EffectRecord:
         """The PLANNED record of effect `step_id` decided now, with its key."""
@@ -541,6 +542,10 @@ class Run:
         self._outcomes.record(outcome)
         if outcome.index is not None:
             self._replay.passed(outcome.index)
+
+    def carry_outcome(self, outcome: Outcome) -> None:
+        """An outcome from elsewhere than HEAD (a fork's carried ones): the cursor stays."""
+        self._outcomes.record(outcome)
 
     # -- journaled calls (the rules are in castore.journal) ------------------------------
     def call(self, step_id: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:

@@ -43,10 +43,20 @@ class TaskStatus:
     reason: str = ""
     error: str | None = None
     forgotten: bool = False  # HEAD is a tombstone (`castore forget`): the task has ended
+    # A growing plan's (format v2): steps decided at run time, and the plan digest at HEAD;
+    # None (and left out of the JSON) for a fixed plan.
+    decided: int | None = None
+    plan_digest: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = codec.to_builtins(self)
+        for name in _GROWING:
+            if data[name] is None:
+                del data[name]
         return data
+
+
+_GROWING = ("decided", "plan_digest")
 
 
 def frontier_action(verified: VerifiedHead, now_ms: int) -> NextAction:
@@ -101,6 +111,8 @@ def describe(verified: VerifiedHead, now_ms: int) -> TaskStatus:
         next_action=action.action.value,
         reason=action.reason,
         forgotten=transition.kind is TransitionKind.FORGET,
+        decided=head.grown.steps if head.grown is not None else None,
+        plan_digest=head.grown.digest if head.grown is not None else None,
     )
 
 

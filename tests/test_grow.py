@@ -11,9 +11,11 @@ import pytest
 from sealing import seal_often  # noqa: F401 - a fixture
 
 import castore
+import castore.outcomes
 from castore import Plan, Position
 from castore.codec import unframe
 from castore.fastdecode import decode_canonical
+from castore.fsck import check_store
 from castore.history import illegal_changes
 from castore.plans import head_digest, roll_digest
 from castore.records import Grown, Snapshot, Step, TransitionKind
@@ -243,3 +245,167 @@ def test_sealed_growing_task_resumes_and_replays(store: castore.Store) -> None:
         assert first == _sealed_agent(run, 30)
         run.append("after", 1)
         assert 31 == run.position
+        with pytest.raises(castore.StepRepeatedError) as caught:
+            run.append("ask-1", 2)  # its outcome is in the oldest pack
+        assert 1 == caught.value.first
+
+
+@pytest.mark.usefixtures("seal_often")
+def test_drift_at_a_sealed_position_names_the_recorded_step(store: castore.Store) -> None:
+    """The error path finds the step recorded at a position deep in the packs."""
+    plan = Plan.grow("agent")
+    with store.start("t", plan) as run:
+        _sealed_agent(run, 20)
+    with store.resume("t", plan) as run, pytest.raises(castore.ReplayDriftError) as caught:
+        run.at("something-else")
+    assert (0, "ask-0") == (caught.value.position, caught.value.recorded)
+
+
+def test_effect_kind_drift(store: castore.Store) -> None:
+    """A plain step replayed as an effect (or the reverse) is drift that says so."""
+    plan = Plan.grow("agent")
+    with store.start("t", plan) as run:
+        run.append("look", 1)
+    with store.resume("t", plan) as run, pytest.raises(castore.ReplayDriftError) as caught:
+        run.perform("look", SERVICE, lambda key: "r")
+    assert "a plain step was recorded, an effect is asked for" in str(caught.value)
+
+
+def test_cursor_past_a_pending_step_is_refused(store: castore.Store) -> None:
+    """Asking for the next step while the decided one is not done is a UsageError."""
+    with store.start("t", Plan.grow("agent")) as run:
+        run.at("a")
+        with pytest.raises(castore.UsageError, match="decided and not done"):
+            run.at("b")
+        assert run.head.grown is not None
+        assert 1 == run.head.grown.steps
+
+
+def test_finished_task_refuses_more_and_finish_repeats(store: castore.Store) -> None:
+    """After finish, a new step is refused; finish again commits nothing."""
+    plan = Plan.grow("agent")
+    with store.start("t", plan) as run:
+        run.append("a", 1)
+        head = run.finish()
+        assert head == run.finish()
+        with pytest.raises(castore.UsageError, match="finished"):
+            run.at("b")
+    with store.resume("t", plan) as run:
+        assert Position.DONE == run.at("a")
+        assert run.head_id == run.finish()
+
+
+def test_grown_past_the_limit_is_refused(
+    store: castore.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A growing plan past MAX_GROWN_STEPS is PlanTooLongError; nothing is committed."""
+    monkeypatch.setattr(castore.limits, "MAX_GROWN_STEPS", 2)
+    with store.start("t", Plan.grow("agent")) as run:
+        run.append("a", 1)
+        run.at("b")
+        run.commit_step("b", 2)
+        seq = run.head.seq
+        with pytest.raises(castore.PlanTooLongError, match="2 steps"):
+            run.append("c", 3)
+        assert seq == run.head.seq
+
+
+def test_status_and_fsck_of_growing_tasks(store: castore.Store) -> None:
+    """status tells steps decided and the plan digest; fsck finds nothing wrong."""
+    with store.start("t", Plan.grow("agent", "setup")) as run:
+        run.commit_step("setup", None)
+        run.at("pay", effect=True)
+        digest = run.plan_digest
+    status = store.status("t")
+    assert (1, digest, "pay", False) == (
+        status.decided,
+        status.plan_digest,
+        status.step,
+        status.finished,
+    )
+    assert "submit" == status.next_action
+    with store.start("fixed", Plan.build("p", "a")) as run:
+        pass
+    assert "decided" not in store.status("fixed").to_json()
+    assert [] == [f.code for f in check_store(store.root, jobs=1)]
+
+
+def test_fork_of_a_growing_task_replays_its_outcomes(store: castore.Store) -> None:
+    """A fork carries a growing task's decisions and outcomes (with their positions and
+    argument digests): it replays them as DONE and decides on; its effect gets a new key."""
+    plan = Plan.grow("agent")
+    with store.start("src", plan) as run:
+        run.at("ask", args=ARGS)
+        run.commit_step("ask", "answer", args=ARGS)
+        run.append("note", 1)
+        run.at("pay", effect=True)
+        seq = run.head.seq
+    store.fork(("src", seq), "copy")
+    with store.resume("copy", plan) as run, pytest.raises(castore.ReplayDriftError):
+        run.at("ask", args="b" * 64)  # the carried outcome has its argument digest
+    with store.resume("copy", plan) as run:
+        assert Position.DONE == run.at("ask", args=ARGS)
+        assert Position.DONE == run.at("note", args=ARGS)  # recorded without: not compared
+        record = run.head.effect("pay")
+        assert record is not None
+        assert castore.derive_step_key("copy", "pay") == record.key
+        assert "r" == run.perform("pay", SERVICE, lambda key: "r")
+        run.finish()
+    store.verify("copy")
+
+
+def test_override_cannot_change_a_growing_plan(store: castore.Store) -> None:
+    """A plan override of a growing task is refused; an environment override still works."""
+    plan = Plan.grow("agent")
+    with store.start("t", plan, env="env:1") as run:
+        run.append("a", 1)
+    with pytest.raises(castore.UsageError, match="grows"):
+        store.override("t", who="ann", why="new plan", plan=Plan.grow("agent", "x"))
+    store.override("t", who="ann", why="moved", env="env:2")
+    with store.resume("t", plan, env="env:2") as run:
+        assert Position.DONE == run.at("a")
+
+
+def test_resolve_a_growing_effect_moves_on(store: castore.Store) -> None:
+    """A person's decision on a decided effect confirms it; the task waits for the next."""
+    plan = Plan.grow("agent")
+
+    def send(key: str) -> str:
+        assert castore.derive_step_key("t", "pay") == key
+        raise TimeoutError("the service did not answer")  # it stays SUBMITTED
+
+    with store.start("t", plan) as run, pytest.raises(TimeoutError):
+        run.perform("pay", SERVICE, send)
+    store.resolve("t", "pay", receipt="r-1", who="ann")
+    with store.resume("t", plan) as run:
+        assert "r-1" == run.perform("pay", SERVICE, lambda key: "never")
+        assert run.next_step is None
+
+
+@pytest.mark.usefixtures("seal_often")
+def test_replay_from_the_start_reads_each_pack_a_bounded_number_of_times(
+    store: castore.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replay from position 0 with more packs than the index cache holds reads each pack
+    a few times, not once per position (the look-up goes to the one pack holding the step)."""
+    plan = Plan.grow("agent")
+    with store.start("t", plan) as run:
+        for i in range(80):
+            run.append(f"s{i}", i)
+            if run._sealer is not None:
+                run._sealer.drain()
+    monkeypatch.setattr(castore.outcomes, "_CACHED_STEPS", 16)  # two packs' indexes
+    reads: list[str] = []
+    original = castore.outcomes.Outcomes._read
+
+    def counted(self: castore.outcomes.Outcomes, pack: castore.outcomes.PackRef) -> object:
+        reads.append(pack.id)
+        return original(self, pack)
+
+    monkeypatch.setattr(castore.outcomes.Outcomes, "_read", counted)
+    with store.resume("t", plan) as run:
+        packs = len(run._outcomes.pack_refs)
+        for i in range(80):
+            assert Position.DONE == run.at(f"s{i}")
+    assert 8 <= packs
+    assert len(reads) <= 4 * packs

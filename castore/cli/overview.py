@@ -32,6 +32,9 @@ def _status_line(status: TaskStatus) -> str:
     if status.forgotten:  # who and why are a person's text: one line, whatever they hold
         return f"{status.task}  seq {status.seq}  {display_name(status.reason)}"
     step = "finished" if status.finished else f"at {status.step}"
+    if status.decided is not None and not status.finished:  # a growing plan
+        step = f"at {status.step}" if status.step else "waiting for its next decision"
+        step += f"  ({status.decided} steps decided)"
     head = f"{status.task}  seq {status.seq}  {step}  next: {status.next_action}"
     lines = [head]
     # A key or a reason is the caller's text: one holding a line break would forge a line.

@@ -23,10 +23,15 @@ class PlanShape:
 
     steps: tuple[str, ...]
     effects: frozenset[str]
+    grows: bool = False  # v2: more steps are decided as the task runs (FORMAT.md 7.9)
 
     @classmethod
     def of(cls, plan: Plan) -> PlanShape:
-        return cls(tuple(s.id for s in plan.steps), frozenset(s.id for s in plan.steps if s.effect))
+        return cls(
+            tuple(s.id for s in plan.steps),
+            frozenset(s.id for s in plan.steps if s.effect),
+            bool(plan.grows),
+        )
 
 
 class NamedObjects:

@@ -21,6 +21,7 @@ from castore.fsck.objects import check_data, read_with_stat
 from castore.fsck.sealed import check_sealed, read_mark
 from castore.fsck.tree import temp_finding
 from castore.fsio import file_kind, open_directory, read_in
+from castore.growth import frontier_problems
 from castore.history import illegal_changes
 from castore.layout import (
     CHAIN_DIR,
@@ -276,6 +277,8 @@ class TaskCheck:
         plan = self._plan
         if plan is None:
             return False
+        if plan.grows or snapshot.grown is not None:
+            return not frontier_problems(plan.steps, plan.effects, plan.grows, snapshot)
         steps, index, step = plan.steps, snapshot.frontier.index, snapshot.frontier.step
         fits = (0 <= index < len(steps) and step == steps[index]) or (
             index == len(steps) and step is None
@@ -374,6 +377,10 @@ class TaskCheck:
     def _check_frontier(self, relpath: str, snapshot_id: str, snapshot: Snapshot) -> None:
         plan = self.named.plan_shape(snapshot.plan)
         if plan is None:
+            return
+        if plan.grows or snapshot.grown is not None:
+            for problem in frontier_problems(plan.steps, plan.effects, plan.grows, snapshot):
+                self.add("bad-frontier", relpath, problem, snapshot_id)
             return
         index, step = snapshot.frontier.index, snapshot.frontier.step
         expected = plan.steps[index] if 0 <= index < len(plan.steps) else None
