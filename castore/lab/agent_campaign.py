@@ -35,6 +35,7 @@ KILL_POINTS = (
     ("agent.tool_returned", 5),
     ("agent.acted", 7),
     ("agent.answered", 1),
+    ("grow.decided", 16),
     ("effect.submitted", 3),
     ("effect.sent", 3),
     ("effect.confirmed", 3),
