@@ -358,6 +358,27 @@ def test_not_done_answer_resubmits_with_the_same_key(
     assert ["rcpt-2"] == tool_answers(app)
 
 
+def test_answer_replayed_after_a_crash_is_not_applied_to_a_later_submission(
+    payments: Payments, store: castore.Store
+) -> None:
+    """LangGraph hands a re-executed node the answers it consumed before: after "not done",
+    the resent call's answer lost again, the old "not done" is not applied to the new
+    submission (which would send it a third time); the graph asks again, naming attempt 2."""
+    app, value = unresolved_graph(payments, store)
+    assert 1 == value["attempt"]
+    payments.drop_answers = 1  # the resent payment is applied, its answer lost
+    with pytest.raises(ConnectionError):
+        app.invoke(Command(resume={"not_done": "not in the ledger"}), THREAD, durability="sync")
+    result = app.invoke(None, THREAD, durability="sync")
+    [pending] = result["__interrupt__"]
+    assert (2, value["key"]) == (pending.value["attempt"], pending.value["key"])
+    assert 2 == len(payments.sent)
+    answer = {"confirmed": "rcpt-2", "attempt": 2}
+    app.invoke(Command(resume=answer), THREAD, durability="sync")
+    assert 2 == len(payments.sent)
+    assert ["rcpt-2"] == tool_answers(app)
+
+
 def test_malformed_answer_is_refused(payments: Payments, store: castore.Store) -> None:
     """A resume value that is neither answer says which two it may be; nothing is resolved."""
     app, value = unresolved_graph(payments, store)

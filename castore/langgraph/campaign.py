@@ -94,12 +94,13 @@ def command(workdir: Path, arm: str, thread: str, svc: ServiceProcess, **extra: 
     return argv
 
 
-def answer_from_ledger(ledger: Path, interrupt: dict[str, Any]) -> dict[str, str]:
+def answer_from_ledger(ledger: Path, interrupt: dict[str, Any]) -> dict[str, Any]:
     """What the person on call does for an UNRESOLVED call: ask the service's records."""
     receipts = [e["receipt"] for e in read_ledger(ledger) if e["key"] == interrupt["key"]]
+    about = {"attempt": interrupt["attempt"], "who": "campaign"}
     if receipts:
-        return {"confirmed": receipts[0], "who": "campaign", "reason": "the ledger has it"}
-    return {"not_done": "the ledger has no entry with this key", "who": "campaign"}
+        return {"confirmed": receipts[0], "reason": "the ledger has it", **about}
+    return {"not_done": "the ledger has no entry with this key", **about}
 
 
 def _run_once(argv: list[str], armed: dict[str, str], delay: float | None) -> tuple[int, str]:

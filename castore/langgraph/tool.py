@@ -59,22 +59,36 @@ def call_plan(tool: str, args: Mapping[str, Any]) -> castore.Plan:
 def interrupt_value(
     run: castore.Run, store: castore.Store, tool: str, call_id: str, why: str | None
 ) -> dict[str, Any]:
-    """What the graph's caller sees in the interrupt: which effect and how to answer."""
+    """What the graph's caller sees in the interrupt: which effect and submission, and how to
+    answer."""
     record = run.head.effect(STEP)
+    attempt = record.attempts if record is not None else 0
     return {
         "castore": "unresolved",
         "store": str(store.root),
         "task": run.task_id,
         "step": STEP,
         "key": record.key if record is not None else None,
+        "attempt": attempt,
         "tool": tool,
         "tool_call_id": call_id,
         "reason": why,
         "answer": (
-            'Command(resume={"confirmed": RECEIPT}) if the service applied it, '
-            'Command(resume={"not_done": REASON}) if it did not'
+            f'Command(resume={{"confirmed": RECEIPT, "attempt": {attempt}}}) if the service '
+            f'applied it, Command(resume={{"not_done": REASON, "attempt": {attempt}}}) if not'
         ),
     }
+
+
+def answers_this_submission(run: castore.Run, answer: Mapping[str, Any]) -> bool:
+    """True if `answer` is about the effect's current submission. LangGraph hands a resumed
+    node the answers its earlier executions consumed, in order; after a crash the first one
+    may be about an earlier submission, already recorded (a "not done" then resent): applied
+    again it would send the call once more. An answer names its submission ("attempt", from
+    the interrupt); one that does not can only be about the first."""
+    record = run.head.effect(STEP)
+    current = record.attempts if record is not None else 0
+    return bool(answer.get("attempt", 1) == current)
 
 
 def record_answer(run: castore.Run, answer: object) -> str | None:
@@ -84,7 +98,7 @@ def record_answer(run: castore.Run, answer: object) -> str | None:
         raise UsageError(
             f"task {run.task_id!r}: resume an unresolved durable tool call with "
             'Command(resume={"confirmed": RECEIPT}) or Command(resume={"not_done": REASON}) '
-            f'(optionally with "who"), not {answer!r}'
+            f'(optionally with "attempt" from the interrupt, and "who"), not {answer!r}'
         )
     who = answer.get("who") or f"{resolution.default_actor()} (LangGraph resume)"
     if "confirmed" in answer:
@@ -132,6 +146,8 @@ class _Call:
                     answer = interrupt(
                         interrupt_value(run, store, self.tool.name, self.call_id, exc.reason)
                     )
+                    if isinstance(answer, Mapping) and not answers_this_submission(run, answer):
+                        continue  # a stale answer: the next interrupt asks about this one
                     receipt = record_answer(run, answer)
                     if receipt is not None:
                         return receipt
