@@ -6,8 +6,9 @@
 The model is a fake (no network) that behaves like a real one where it matters here: each of
 its tool calls carries a fresh id. Arms: `baseline` (a plain tool that sends a fresh key per
 execution, as a tool with no durable state must) and `castore` (the same payment as a
-durable_tool). Exit status: 0 done, 3 interrupted (a service call failed; run again), 6 the
-graph paused on an UNRESOLVED call (the interrupt's value is printed as JSON).
+durable_tool). Exit status: 0 done, 3 interrupted (a service call failed; run again), 5 the
+graph would not move on, 6 the graph paused on an UNRESOLVED call (the interrupt's value is
+printed as JSON).
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ from castore.langgraph.deps import (
 )
 from castore.langgraph.tool import durable_tool
 
-EXIT_DONE, EXIT_INTERRUPTED, EXIT_UNRESOLVED = 0, 3, 6
+EXIT_DONE, EXIT_INTERRUPTED, EXIT_STALLED, EXIT_UNRESOLVED = 0, 3, 5, 6
+MAX_STALLS = 3
 # Set by the campaign: SIGKILL this process right after the service answered a payment
 # (committed, receipt not recorded anywhere yet): the moment a re-execution pays twice.
 CRASH_AFTER_APPLY = "CASTORE_LG_CRASH_AFTER_APPLY"
@@ -180,10 +182,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not state.values or state.next:
             app.invoke(given, config, durability=args.durability)
+        # A kill after the paused tool answered but before the next checkpoint leaves that
+        # answer's task done and its interrupt still listed: the Command then moves nothing
+        # on, and the graph is driven on from its checkpoint.
+        for _ in range(MAX_STALLS):
+            state = app.get_state(config)
+            if not state.next or state.interrupts:
+                break
+            app.invoke(None, config, durability=args.durability)
     except ServiceError as exc:
         print(f"interrupted: {type(exc).__name__}: {exc}", flush=True)
         return EXIT_INTERRUPTED
     state = app.get_state(config)
+    if state.next and not state.interrupts:
+        print(f"stalled: the graph still has {state.next} to run", file=sys.stderr, flush=True)
+        return EXIT_STALLED
     if state.interrupts:
         print(json.dumps({"unresolved": state.interrupts[0].value}), flush=True)
         return EXIT_UNRESOLVED
