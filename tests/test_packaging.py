@@ -76,7 +76,7 @@ def test_the_readme_install_is_quiet_and_typed_for_a_users_mypy(tmp_path: Path) 
     python = str(source / ".venv" / "bin" / "python")
     upgrade = _run([python, "-m", "pip", "install", "--quiet", "--upgrade", "pip"], source)
     assert 0 == upgrade.returncode, upgrade.stderr
-    install = _run([python, "-m", "pip", "install", "--quiet", "-e", ".[dev]"], source)
+    install = _run([python, "-m", "pip", "install", "--quiet", "-e", ".[dev,langgraph]"], source)
     assert 0 == install.returncode, install.stderr
     noisy = [
         line
