@@ -7,6 +7,8 @@
     │   ├── EncodingError                        a value outside the canonical data model
     │   ├── StepRepeatedError                    a growing plan decides a step id it has
     │   ├── PlanTooLongError                     a growing plan past MAX_GROWN_STEPS
+    │   ├── UnsafeDurabilityError                a LangGraph durability mode that can lose a
+    │   │                                        tool call's id (castore.langgraph.durability)
     │   └── PayloadError                         a snapshot that must not be written
     │       ├── SecretInPayloadError             a field or value that looks like a credential
     │       ├── SnapshotTooLargeError            over the per-snapshot size budget
