@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib
 import os
 import threading
 from collections.abc import Awaitable, Callable, Generator, Iterator
@@ -30,6 +29,7 @@ from typing import Any, TypeVar
 from castore import journal, protocol
 from castore.aioeffect import AsyncCall, AsyncEffect
 from castore.aiopool import advance, answered, in_thread
+from castore.brief import Brief, make_brief
 from castore.effects import NextAction, Service
 from castore.errors import UsageError
 from castore.records import Plan, Snapshot
@@ -110,10 +110,9 @@ class AsyncStore:
             self.pool, functools.partial(store.resolve, task_id, step_id, **decision)
         )
 
-    async def brief(self, task_id: str, **options: Any) -> Any:
+    async def brief(self, task_id: str, **options: Any) -> Brief:
         """The resume brief of a task (castore.brief.make_brief of its verified chain)."""
         store = await self.store()
-        make_brief = _brief_maker()
         return await in_thread(self.pool, lambda: make_brief(store.verify(task_id), **options))
 
     async def close(self) -> None:
@@ -130,15 +129,6 @@ class AsyncStore:
         tb: TracebackType | None,
     ) -> None:
         await self.close()
-
-
-def _brief_maker() -> Callable[..., Any]:
-    try:
-        module = importlib.import_module("castore.brief")
-    except ImportError as exc:
-        raise UsageError("this castore has no resume brief (castore.brief)") from exc
-    maker: Callable[..., Any] = module.make_brief
-    return maker
 
 
 class AsyncRun:
@@ -325,9 +315,8 @@ class AsyncRun:
         """`Run.next_action` (it may read the clock and HEAD only; cheap, but kept uniform)."""
         return await self._do("next_action", lambda: self.run.next_action(step_id))
 
-    async def brief(self, **options: Any) -> Any:
+    async def brief(self, **options: Any) -> Brief:
         """The resume brief of this run's task."""
-        make_brief = _brief_maker()
         return await self._do("brief", lambda: make_brief(self.run, **options))
 
     # -- lifetime --------------------------------------------------------------------------

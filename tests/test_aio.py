@@ -543,3 +543,21 @@ def _no_leaked_threads() -> Iterator[None]:
         if thread.name.startswith("castore-aio"):
             thread.join(DEADLINE_S)
             assert not thread.is_alive()
+
+
+@pytest.mark.asyncio
+async def test_the_async_brief_is_the_sync_brief(root: Path) -> None:
+    """`AsyncStore.brief` and `AsyncRun.brief` give the very bytes the sync brief gives of the
+    same state (the brief is deterministic), and name the step the run stands at."""
+    ledger = Ledger()
+    async with AsyncStore(root) as astore:
+        arun = await astore.open_task(TASK, PLAN)
+        await arun.call("think", lambda: {"plan": "pay"})
+        from_run = await arun.brief()
+        assert arun.run.brief().text == from_run.text
+        assert "pay" == from_run.data["next"]["step"]
+        await arun.perform("pay", IDEMPOTENT, ledger.send)
+        await arun.close()
+        from_store = await astore.brief(TASK)
+    assert castore.Store.open(root).brief(TASK).text == from_store.text
+    assert "after" == from_store.data["next"]["step"]

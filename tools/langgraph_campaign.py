@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from castore.langgraph.campaign import Settings, campaign, castore_checkpointer
+from castore.langgraph.campaign import Settings, campaign
 
 
 def main() -> int:
@@ -55,7 +55,7 @@ def main() -> int:
     elapsed = time.monotonic() - started
     print(
         f"elapsed_s={elapsed:.1f} baseline_lost={tally.baseline_lost} "
-        f"castore_checkpointer={castore_checkpointer()}"
+        "castore_checkpointer=CastoreSaver"
     )
     print(tally.line())
     return 0 if tally.duplicates == 0 and tally.lost == 0 else 1

@@ -14,7 +14,6 @@ printed as JSON).
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import signal
@@ -43,6 +42,7 @@ from castore.langgraph.deps import (
     sqlite_saver,
     tools_condition,
 )
+from castore.langgraph.saver import CastoreSaver
 from castore.langgraph.tool import durable_tool
 
 EXIT_DONE, EXIT_INTERRUPTED, EXIT_STALLED, EXIT_UNRESOLVED = 0, 3, 5, 6
@@ -138,23 +138,12 @@ def payment_tool(arm: str, client: ServiceClient, store: str, declare: str) -> B
     return tool
 
 
-def castore_saver(path: str) -> Any:
-    """CastoreSaver on `path` where castore.langgraph has it (helper wp-saver's branch), else
-    None."""
-    try:
-        module = importlib.import_module("castore.langgraph.saver")
-    except ModuleNotFoundError:
-        return None
-    return module.CastoreSaver(path)
-
-
 def checkpointer(args: argparse.Namespace) -> Any:
-    """The arm's checkpointer: castore's arm uses CastoreSaver when it exists (in a store of
-    its own), the baseline SqliteSaver."""
-    saver = castore_saver(f"{args.store}-graph") if args.arm == "castore" else None
-    if saver is None:
-        saver = sqlite_saver()(sqlite3.connect(args.sqlite, check_same_thread=False))
-    return saver
+    """The arm's checkpointer: CastoreSaver for castore's arm (in a store of its own, beside
+    the tool's), SqliteSaver for the baseline."""
+    if args.arm == "castore":
+        return CastoreSaver(f"{args.store}-graph")
+    return sqlite_saver()(sqlite3.connect(args.sqlite, check_same_thread=False))
 
 
 def main(argv: list[str] | None = None) -> int:

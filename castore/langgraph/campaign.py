@@ -9,7 +9,6 @@ the graph reports that the ledger lacks) is lost.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import random
@@ -206,12 +205,6 @@ def judge(
     tally.lost += missing
     if extra or missing:
         tally.problems.append(f"{thread}: applied {applied}, the graph reports {receipt!r}")
-
-
-def castore_checkpointer() -> str:
-    """The checkpointer castore's arm runs with (CastoreSaver once castore.langgraph has it)."""
-    found = importlib.util.find_spec("castore.langgraph.saver") is not None
-    return "CastoreSaver" if found else "SqliteSaver"
 
 
 def campaign(
