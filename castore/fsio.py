@@ -14,6 +14,7 @@ turn an absent file into what it means for them (no store, a missing object, no 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import functools
 import os
@@ -368,8 +369,21 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
-def write_temp(directory: str, data: bytes, mode: int = OBJECT_MODE) -> str:
-    """Write `data` to a new temp file in `directory` and fsync it; return its path.
+# How a caller makes a file's bytes durable: fsync of its descriptor, or a shared flush
+# (groupflush.py) that calls it for a lone caller and a syncfs for a round of them.
+FileSync = Callable[[int, str], None]
+
+
+def _fsync_file(fd: int, path: str) -> None:
+    del path
+    os.fsync(fd)
+
+
+def write_temp(
+    directory: str, data: bytes, mode: int = OBJECT_MODE, sync: FileSync = _fsync_file
+) -> str:
+    """Write `data` to a new temp file in `directory` and make it durable (`sync`); return
+    its path.
 
     The file is created read-only: the descriptor that created it may still write, and
     nobody can open the published object for writing afterwards.
@@ -389,7 +403,7 @@ def write_temp(directory: str, data: bytes, mode: int = OBJECT_MODE) -> str:
             _write_all(fd, data[len(data) // 2 :])
         else:
             _write_all(fd, data)
-        os.fsync(fd)
+        sync(fd, path)
     except OSError as exc:
         try:
             os.close(fd)
@@ -496,14 +510,30 @@ def make_dirs_durable(path: str) -> None:
     make_dir_durable(path)
 
 
-def publish_file(directory: str, name: str, data: bytes, mode: int = OBJECT_MODE) -> bool:
-    """Durably create `directory/name` with `data`, never overwriting; True if created."""
-    temp = write_temp(directory, data, mode)
+DirSync = Callable[[str], None]
+
+
+def publish_file(
+    directory: str,
+    name: str,
+    data: bytes,
+    mode: int = OBJECT_MODE,
+    *,
+    sync: FileSync = _fsync_file,
+    sync_dir: DirSync | None = None,
+    name_durable: bool = True,
+) -> bool:
+    """Durably create `directory/name` with `data`, never overwriting; True if created.
+    `sync_dir`: how the name is made durable (default `fsync_dir`); `name_durable` False:
+    the bytes are durable but the name need not be (a snapshot, whose chain slot is the
+    durable name of the same inode: FORMAT.md 9.3)."""
+    temp = write_temp(directory, data, mode, sync)
     try:
         created = link_new(temp, os.path.join(directory, name))
         crashpoints.reach("object.linked")
         # Also when the name existed: it may be a crashed writer's name that no fsync covered.
-        fsync_dir(directory)
+        if name_durable:
+            (sync_dir or fsync_dir)(directory)
     finally:
         discard(temp)
     crashpoints.reach("object.published")
@@ -521,3 +551,30 @@ def replace_file(directory: str, name: str, data: bytes, mode: int = OBJECT_MODE
         discard(temp)
         raise
     fsync_dir(directory)
+
+
+def _libc_syncfs() -> Callable[[int], int] | None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        function: Callable[[int], int] = libc.syncfs
+    except (OSError, AttributeError):
+        return None
+    return function
+
+
+_SYNCFS = _libc_syncfs()
+
+
+def syncfs_available() -> bool:
+    """True if this system's libc has syncfs(2)."""
+    return _SYNCFS is not None
+
+
+def syncfs(fd: int) -> None:
+    """Flush the whole filesystem holding `fd` (data and names); OSError if it fails. The
+    only syncfs castore makes (groupflush.py), so the power-loss recorder can see it."""
+    if _SYNCFS is None:
+        raise OSError(errno.ENOSYS, "syncfs is not available on this system")
+    if _SYNCFS(fd) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))

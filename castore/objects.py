@@ -9,7 +9,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
-from castore import codec, fsio
+from castore import codec, fsio, groupflush
 from castore.digest import hash_bytes
 from castore.errors import (
     DurabilityError,
@@ -43,6 +43,17 @@ class ObjectStore:
         self._recent_size = 0
         self._recent_lock = threading.Lock()
         self._coherent: bool | None = None
+        self._flush: groupflush.GroupFlush | None = None
+        # v1 readers find a snapshot by its object name alone, so a v1 store keeps making
+        # that name durable; v2 readers fall back to the chain slot (FORMAT.md 9.3).
+        self.snapshot_names_durable = True
+
+    @property
+    def flush(self) -> groupflush.GroupFlush:
+        """The flushes of this store's filesystem, shared by the process (groupflush.py)."""
+        if self._flush is None:
+            self._flush = groupflush.for_store(self._layout.root)
+        return self._flush
 
     def path(self, object_id: str) -> str:
         return self._layout.object_path(object_id)
@@ -51,9 +62,13 @@ class ObjectStore:
         """Durably store an object; return its id. Storing an existing object is a no-op."""
         return self.put_framed(codec.frame(kind, body))
 
-    def put_framed(self, data: bytes, *, remember: bool = True) -> str:
+    def put_framed(self, data: bytes, *, remember: bool = True, snapshot: bool = False) -> str:
         """Durably store already framed bytes; return their id. `remember`: keep the bytes a
-        while, for a later commit that names the object (`hold`)."""
+        while, for a later commit that names the object (`hold`). `snapshot`: the bytes of a
+        snapshot about to be linked as a chain slot, whose name in a v2 store need not be
+        durable (the slot is: FORMAT.md 9.3), which saves a directory flush per commit."""
+        flush = self.flush
+        name_durable = self.snapshot_names_durable or not snapshot
         object_id = hash_bytes(data)
         fanout = self._layout.fanout_dir(object_id)
         # A planted symlink in place of a fan-out directory must not receive objects.
@@ -62,7 +77,14 @@ class ObjectStore:
         while True:
             tries += 1
             try:
-                created = fsio.publish_file(fanout, object_id, data)
+                created = fsio.publish_file(
+                    fanout,
+                    object_id,
+                    data,
+                    sync=flush.file,
+                    sync_dir=flush.directory,
+                    name_durable=name_durable,
+                )
             except FileNotFoundError:
                 # Fan-out directories are made on first use; gc or a person may remove them.
                 fsio.make_dir_durable(fanout)

@@ -169,7 +169,7 @@ class TaskSlots:
         crashpoints.reach("commit.linked")
         self._check_not_pruned(seq, expected_parent)
         try:
-            fsio.fsync_dir(self.directory)
+            self._objects.flush.directory(self.directory)
         except DurabilityError as exc:
             raise CommitUncertainError(self.path(seq), exc) from exc
         self._recheck(object_id, seq, data, held)
@@ -178,7 +178,7 @@ class TaskSlots:
 
     def _link(self, data: bytes, seq: int, expected_parent: str) -> str:
         for _ in range(_LINK_TRIES):
-            object_id = self._objects.put_framed(data, remember=False)
+            object_id = self._objects.put_framed(data, remember=False, snapshot=True)
             crashpoints.reach("commit.before_link")
             source = self._objects.path(object_id)
             try:

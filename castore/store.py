@@ -181,6 +181,7 @@ class Store:
             raise FormatVersionError(self.layout.marker, version, codec.SUPPORTED_VERSIONS)
         # A v1 store is read and written as v1 until `castore upgrade` (FORMAT.md §18).
         self.format_version: int = version
+        self.objects.snapshot_names_durable = version < 2
 
     def _no_marker(self, empty: str) -> StoreNotFoundError:
         """What a directory without a (usable) marker is, and what to do about it."""

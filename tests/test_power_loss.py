@@ -60,9 +60,10 @@ from typing import Any
 import pytest
 
 import castore
-from castore import fsio
+from castore import fsio, groupflush
 from castore.digest import hash_bytes
 from castore.errors import CastoreError
+from castore.flushpolicy import FlushPolicy
 from castore.fsck import Severity, check_store
 from castore.layout import (
     CHAIN_DIR,
@@ -122,6 +123,7 @@ class Op:
             "chmod": f"chmod inode {self.ino} {self.mode:o}",
             "fsync": f"fsync inode {self.ino}",
             "fsync_dir": f"fsync directory {self.dir}",
+            "syncfs": "syncfs of the filesystem",
             "ack": f"ack {self.task!r} seq {self.seq} = {self.oid}",
             "ack_blob": f"ack blob {self.oid}",
         }.get(self.kind, self.kind)
@@ -136,6 +138,7 @@ def _split(rel: str) -> tuple[str, str]:
     return parent or ".", name
 
 
+_REAL_SYNCFS = fsio.syncfs
 _REAL = {
     name: getattr(os, name)
     for name in (
@@ -166,13 +169,16 @@ class Recorder:
     mkdirs in `Store.init` and anything castore may add outside fsio later.
     """
 
-    def __init__(self, base: str, *, drop_file_fsync: bool = False) -> None:
+    def __init__(
+        self, base: str, *, drop_file_fsync: bool = False, drop_syncfs: bool = False
+    ) -> None:
         self.base = os.path.realpath(base)
         self.ops: list[Op] = []
         self.names: dict[str, tuple[str, int | None]] = {".": ("dir", None)}
         self.fds: dict[int, tuple[str, Any, int]] = {}  # fd -> ("dir", rel | "file", ino; st_ino)
         self.next_ino = 0
         self.drop_file_fsync = drop_file_fsync  # self-test: the file fsync "removed from the code"
+        self.drop_syncfs = drop_syncfs  # self-test: the shared flush of a round removed
         umask = os.umask(0)
         os.umask(umask)
         self.umask = umask
@@ -257,12 +263,20 @@ class Recorder:
         entry = self.tracked(fd)
         if entry is not None and entry[0] == "file" and self.drop_file_fsync:
             return
-        _REAL[real](fd)
+        # Recorded before the call: what other threads do while it runs is not covered by it.
         if entry is not None:
             if entry[0] == "dir":
                 self.ops.append(Op("fsync_dir", dir=entry[1]))
             else:
                 self.ops.append(Op("fsync", ino=entry[1]))
+        _REAL[real](fd)
+
+    def syncfs(self, fd: int) -> None:
+        """One flush of the whole filesystem (a group commit's round): everything before it."""
+        if self.drop_syncfs:
+            return
+        self.ops.append(Op("syncfs"))
+        _REAL_SYNCFS(fd)
 
     def close(self, fd: int) -> None:
         self.fds.pop(fd, None)
@@ -371,6 +385,7 @@ class Recorder:
             for name in ("link", "rename", "replace", "unlink", "mkdir", "rmdir", "symlink"):
                 mp.setattr(os, name, getattr(self, name))
             mp.setattr(os, "remove", self.unlink)
+            mp.setattr(fsio, "syncfs", self.syncfs)
             original_commit = TaskSlots.commit
             ops = self.ops
 
@@ -405,12 +420,25 @@ def workload(base: Path, ops: list[Op]) -> None:
         run.close()
 
 
-def record(base: Path, **options: Any) -> list[Op]:
+def record(base: Path, *, rounds: bool = False, **options: Any) -> list[Op]:
+    """The workload's op log. `rounds`: every flush is a group commit's shared round (one
+    syncfs), as when many agents commit at once, instead of a lone writer's precise fsyncs."""
     base.mkdir()
     recorder = Recorder(str(base), **options)
-    with recorder.installed():
+    with recorder.installed(), pytest.MonkeyPatch.context() as mp:
+        if rounds:
+            mp.setattr(groupflush, "_BY_DEVICE", {})
+            mp.setattr(groupflush, "decide", lambda root: FlushPolicy(True, "ext4", "forced"))
+            mp.setattr(groupflush.GroupFlush, "_join", _always_a_round)
         workload(base, recorder.ops)
     return recorder.ops
+
+
+def _always_a_round(flush: groupflush.GroupFlush) -> tuple[Any, bool]:
+    """GroupFlush._join as if another committer were always waiting: a shared round."""
+    with flush._cond:
+        flush._running = groupflush._Round()  # the workload is one thread: nothing else runs
+        return flush._running, False
 
 
 # -- the crash model -------------------------------------------------------------------------------
@@ -469,6 +497,9 @@ class Model:
                 durable_dir[op.dir] = applied_dir[op.dir]  # type: ignore[index]
             elif op.kind == "fsync":
                 durable_ino[op.ino] = applied_ino[op.ino]  # type: ignore[index]
+            elif op.kind == "syncfs":
+                durable_dir.update(applied_dir)
+                durable_ino.update(applied_ino)
             elif op.kind.startswith("ack"):
                 acks.append(op)
 
@@ -903,6 +934,22 @@ def exploration(
     return result
 
 
+@pytest.fixture(scope="module")
+def recording_rounds(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Op], Path]:
+    base = tmp_path_factory.mktemp("power-rounds") / "base"
+    return record(base, rounds=True), base
+
+
+@pytest.fixture(scope="module")
+def exploration_rounds(
+    recording_rounds: tuple[list[Op], Path], tmp_path_factory: pytest.TempPathFactory
+) -> Exploration:
+    with scratch_dir(tmp_path_factory.mktemp("states-rounds")) as scratch:
+        result = explore(recording_rounds[0], scratch)
+    print(f"\npower loss, group commit rounds: {result.summary()}")
+    return result
+
+
 @contextmanager
 def scratch_dir(fallback: Path) -> Iterator[Path]:
     """Where crash states are built: tmpfs if there is one (each state is ~260 directories
@@ -1000,10 +1047,46 @@ def test_the_recording_is_the_real_write_path(recording: tuple[list[Op], Path]) 
             assert ops[index - 2].dir == chain
 
 
+def _flushes_between(ops: list[Op], task: str, seq: int) -> list[str]:
+    """The flushes from the ack of `task`'s seq - 1 to the ack of its seq."""
+    acks = {(op.task, op.seq): i for i, op in enumerate(ops) if op.kind == "ack"}
+    window = ops[acks[(task, seq - 1)] + 1 : acks[(task, seq)]]
+    return [op.kind for op in window if op.kind in ("fsync", "fsync_dir", "syncfs")]
+
+
+def test_a_plain_commit_makes_two_flushes(recording: tuple[list[Op], Path]) -> None:
+    """A commit with an inline result (the last step, 'report') syncs its snapshot's temp
+    file and the chain directory, and not the fan-out directory (FORMAT.md 9.3)."""
+    ops, _ = recording
+    for task in TASKS:
+        assert ["fsync", "fsync_dir"] == _flushes_between(ops, task, 5)
+
+
+def test_a_group_commit_round_is_two_syncfs(recording_rounds: tuple[list[Op], Path]) -> None:
+    """In shared rounds the same commit is two syncfs: one before its slot, one after."""
+    ops, _ = recording_rounds
+    for task in TASKS:
+        assert ["syncfs", "syncfs"] == _flushes_between(ops, task, 5)
+    for index, op in enumerate(ops):
+        if op.kind == "ack":
+            assert ops[index - 1] == Op("syncfs")
+            assert ops[index - 2].kind == "link"
+            assert ops[index - 2].dir == f"{STORE}/{TASKS_DIR}/{op.task}/{CHAIN_DIR}"
+
+
 # -- tests: castore's write path -------------------------------------------------------------------
 
 
-def test_invariant_I_holds_in_every_power_loss_state(exploration: Exploration) -> None:
+@pytest.fixture(scope="module", params=["lone writer", "group commit rounds"])
+def any_exploration(request: pytest.FixtureRequest) -> Exploration:
+    """Both write paths: a lone writer's precise fsyncs, and the shared syncfs rounds."""
+    name = "exploration" if request.param == "lone writer" else "exploration_rounds"
+    result: Exploration = request.getfixturevalue(name)
+    return result
+
+
+def test_invariant_I_holds_in_every_power_loss_state(any_exploration: Exploration) -> None:
+    exploration = any_exploration
     assert exploration.states > 100, exploration.summary()
     if exploration.invariant:
         pytest.fail(
@@ -1013,7 +1096,10 @@ def test_invariant_I_holds_in_every_power_loss_state(exploration: Exploration) -
         )
 
 
-def test_no_acknowledged_commit_is_lost_in_any_power_loss_state(exploration: Exploration) -> None:
+def test_no_acknowledged_commit_is_lost_in_any_power_loss_state(
+    any_exploration: Exploration,
+) -> None:
+    exploration = any_exploration
     if exploration.acks:
         pytest.fail(
             f"{exploration.summary()}\nacknowledged work lost in {len(exploration.acks)} "
@@ -1022,9 +1108,11 @@ def test_no_acknowledged_commit_is_lost_in_any_power_loss_state(exploration: Exp
         )
 
 
-def test_fsck_reports_no_error_in_any_power_loss_state(exploration: Exploration) -> None:
+def test_fsck_reports_no_error_in_any_power_loss_state(any_exploration: Exploration) -> None:
     """Leftovers of a power loss are harmless (FORMAT.md §13: temp files, unreachable objects,
-    a task directory without slot 0): fsck may report them, never as errors."""
+    a task directory without slot 0, a snapshot whose object name was lost): fsck may report
+    them, never as errors."""
+    exploration = any_exploration
     if exploration.fsck:
         pytest.fail(
             f"{exploration.summary()}\nfsck errors in {len(exploration.fsck)} state(s):\n"
@@ -1073,4 +1161,10 @@ def test_self_test_without_the_chain_directory_fsync_an_acked_commit_is_lost(
 def test_self_test_without_the_temp_file_fsync_the_checker_fails(tmp_path: Path) -> None:
     """os.fsync on the temp file (fsio.write_temp, the only file fsync) removed."""
     result = _broken(tmp_path, drop_file_fsync=True)
+    assert result.acks or result.invariant, f"no failure found: {result.summary()}"
+
+
+def test_self_test_without_the_shared_syncfs_the_checker_fails(tmp_path: Path) -> None:
+    """The syncfs of a group commit round (groupflush.GroupFlush) removed."""
+    result = _broken(tmp_path, rounds=True, drop_syncfs=True)
     assert result.acks or result.invariant, f"no failure found: {result.summary()}"
