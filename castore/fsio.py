@@ -374,13 +374,15 @@ def _write_all(fd: int, data: bytes) -> None:
 FileSync = Callable[[int, str], None]
 
 
-def _fsync_file(fd: int, path: str) -> None:
+def fsync_file(fd: int, path: str) -> None:
+    """Make the bytes written to `fd` durable (OSError if not); `path` names it for callers
+    that report."""
     del path
     os.fsync(fd)
 
 
 def write_temp(
-    directory: str, data: bytes, mode: int = OBJECT_MODE, sync: FileSync = _fsync_file
+    directory: str, data: bytes, mode: int = OBJECT_MODE, sync: FileSync = fsync_file
 ) -> str:
     """Write `data` to a new temp file in `directory` and make it durable (`sync`); return
     its path.
@@ -519,7 +521,7 @@ def publish_file(
     data: bytes,
     mode: int = OBJECT_MODE,
     *,
-    sync: FileSync = _fsync_file,
+    sync: FileSync = fsync_file,
     sync_dir: DirSync | None = None,
     name_durable: bool = True,
 ) -> bool:

@@ -53,7 +53,7 @@ class GroupFlush:
 
     def file(self, fd: int, path: str) -> None:
         """Make the bytes written to `fd` (the file at `path`) durable; OSError if not."""
-        self._flush(lambda: os.fsync(fd))
+        self._flush(lambda: fsio.fsync_file(fd, path))
 
     def directory(self, path: str) -> None:
         """Make the names in directory `path` durable; DurabilityError if not."""
