@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -231,3 +232,23 @@ def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
     from helpers import cli  # noqa: PLC0415 - the shared helper, imported where used
 
     return cli(capsys, *argv)
+
+
+def test_a_commit_into_a_v1_store_still_makes_the_snapshot_name_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """v1 readers find a snapshot by its object name alone: a v1 store's commit fsyncs the
+    snapshot's fan-out directory (a v2 commit does not: FORMAT.md 9.3 step 2)."""
+    root = materialize(V1 / "clean", tmp_path)
+    plans = make_golden.plans_from_json(expected_of(V1 / "clean")["plans"])
+    store = castore.Store.open(root)
+    synced: list[str] = []
+    real = castore.fsio.fsync_dir
+    monkeypatch.setattr(castore.fsio, "fsync_dir", lambda d: (synced.append(d), real(d))[1])
+    with store.resume("mid-plan", plans["mid-plan"]) as run:
+        synced.clear()  # the first commit of a run also syncs HEAD's chain directory
+        run.commit_step(next(run.pending()), {"n": 1})
+        synced.clear()
+        run.commit_step(next(run.pending()), {"n": 2})
+        snapshot = store.layout.object_path(run.head_id)
+    assert [os.path.dirname(snapshot), store.layout.chain_dir("mid-plan")] == synced
