@@ -19,6 +19,7 @@ syncfs reports (once per descriptor) reaches the round it belongs to: every memb
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from collections.abc import Callable
@@ -63,6 +64,14 @@ class GroupFlush:
             raise  # the precise fsync's own error, naming the directory
         except OSError as exc:  # the shared syncfs's
             raise DurabilityError(path, "syncing the filesystem (syncfs) for", exc) from exc
+
+    def filesystem(self) -> None:
+        """Make every write and name made so far on this filesystem durable: one syncfs (a
+        batch of objects, objects.py), shared with a round when one forms. Only where the
+        policy is shared (OSError ENOTSUP otherwise: the caller flushes file by file)."""
+        if not self.policy.shared:
+            raise OSError(errno.ENOTSUP, "this filesystem's flushes are not shared")
+        self._flush(lambda: fsio.syncfs(self._fd()))
 
     def _flush(self, precise: Callable[[], None]) -> None:
         if not self.policy.shared:

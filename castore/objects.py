@@ -7,9 +7,10 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
-from castore import codec, fsio, groupflush
+from castore import codec, crashpoints, fsio, groupflush
 from castore.digest import hash_bytes
 from castore.errors import (
     DurabilityError,
@@ -17,6 +18,7 @@ from castore.errors import (
     ObjectMissingError,
     StoreIOError,
     UnsafeFileError,
+    UsageError,
 )
 from castore.layout import Layout
 from castore.mountinfo import names_are_coherent
@@ -47,6 +49,7 @@ class ObjectStore:
         # v1 readers find a snapshot by its object name alone, so a v1 store keeps making
         # that name durable; v2 readers fall back to the chain slot (FORMAT.md 9.3).
         self.snapshot_names_durable = True
+        self._batches = threading.local()  # the open batch of each thread (batch())
 
     @property
     def flush(self) -> groupflush.GroupFlush:
@@ -70,6 +73,9 @@ class ObjectStore:
         flush = self.flush
         name_durable = self.snapshot_names_durable or not snapshot
         object_id = hash_bytes(data)
+        pending: _Batch | None = getattr(self._batches, "open", None)
+        if pending is not None and not snapshot:
+            return pending.add(self, object_id, data, remember)
         fanout = self._layout.fanout_dir(object_id)
         # A planted symlink in place of a fan-out directory must not receive objects.
         fsio.require_real_directory(fanout)
@@ -105,6 +111,32 @@ class ObjectStore:
             time.sleep(pause)  # our client still holds the removed name: wait for it to expire
             pause = min(pause * 2, _BACKOFF_MAX_S)
 
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Objects put in this thread inside the block are published together when it ends:
+        their bytes written first, one syncfs for all of them, then their names, then one
+        syncfs for the names (FORMAT.md 9.2, batches). Two flushes for any number of objects
+        instead of two each; nothing names them before the block ends, so no commit may be
+        made inside it. Where flushes are not shared (FUSE, NFS: flushpolicy.py) a batch is
+        each put on its own, as outside one. An error inside the block publishes nothing."""
+        if getattr(self._batches, "open", None) is not None or not self.flush.policy.shared:
+            yield  # nested, or nothing to share: every put publishes itself
+            return
+        opened = self._batches.open = _Batch()
+        try:
+            yield
+        except BaseException:
+            opened.discard()
+            raise
+        finally:
+            self._batches.open = None
+        opened.publish(self)
+
+    def pending(self, object_id: str) -> bytes | None:
+        """The bytes of an object put in this thread's open batch, not yet published."""
+        opened: _Batch | None = getattr(self._batches, "open", None)
+        return None if opened is None else opened.data.get(object_id)
+
     def _remember(self, object_id: str, data: bytes) -> None:
         if len(data) > _RECENT_ONE:
             return  # a commit naming it reads it back instead (hold)
@@ -129,6 +161,11 @@ class ObjectStore:
         """The framed bytes of an object a commit is about to name, in hand (so the commit can
         store it again if gc removes it before gc sees the commit), and its mtime refreshed.
         ObjectMissingError or ObjectCorruptError if it is neither stored nor remembered."""
+        if self.pending(object_id) is not None:
+            raise UsageError(
+                f"a commit names {object_id}, put in this thread's open store.batch(): "
+                "commit after the batch's block ends (until then the object has no name)"
+            )
         with self._recent_lock:
             data = self._recent.get(object_id)
         if data is None:
@@ -201,6 +238,9 @@ class ObjectStore:
         """The framed bytes of an object, re-hashed: corrupt bytes are never returned. Bytes
         that do not hash to the id are read once more, past the client's caches, before the
         object counts as corrupt (a stale read on a shared filesystem, FORMAT.md 11.5)."""
+        pending = self.pending(object_id)
+        if pending is not None:
+            return pending  # put in this thread's open batch: hashed when it was put
         path = self.path(object_id)
         data = self._read_file(object_id, path, fsio.read_regular)
         if hash_bytes(data) == object_id:
@@ -233,8 +273,9 @@ class ObjectStore:
     def kind_of(self, object_id: str) -> str | None:
         """The kind an object's header declares (None if absent or headerless); reads only
         the header, so checking a reference to a large blob costs one small read."""
+        pending = self.pending(object_id)
         try:
-            head = fsio.read_prefix(self.path(object_id), codec.MAX_HEADER)
+            head = pending or fsio.read_prefix(self.path(object_id), codec.MAX_HEADER)
         except (FileNotFoundError, UnsafeFileError):
             return None
         parts = head.split(b"\n", 1)[0].split(b" ")
@@ -242,3 +283,68 @@ class ObjectStore:
 
     def exists(self, object_id: str) -> bool:
         return os.path.lexists(self.path(object_id))
+
+
+class _Batch:
+    """Objects written as unsynced temp files, waiting for the batch's end (batch())."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+        self._temps: list[tuple[str, str, str, bool]] = []  # temp, fan-out dir, id, remember
+
+    def add(self, objects: ObjectStore, object_id: str, data: bytes, remember: bool) -> str:
+        if object_id in self.data:
+            return object_id
+        fanout = objects._layout.fanout_dir(object_id)
+        fsio.require_real_directory(fanout)
+        try:
+            temp = fsio.write_temp(fanout, data, sync=_later)
+        except FileNotFoundError:
+            fsio.make_dir_durable(fanout)  # made on first use; gc or a person may remove it
+            temp = fsio.write_temp(fanout, data, sync=_later)
+        self.data[object_id] = data
+        self._temps.append((temp, fanout, object_id, remember))
+        return object_id
+
+    def discard(self) -> None:
+        for temp, *_ in self._temps:
+            fsio.discard(temp)
+
+    def publish(self, objects: ObjectStore) -> None:
+        """Data durable, then names, then names durable; a failed flush publishes nothing
+        more and raises (rule O4: the temp files go, never synced again)."""
+        try:
+            try:
+                objects.flush.filesystem()
+            except OSError as exc:
+                raise DurabilityError(
+                    objects._layout.objects, "syncing a batch's bytes", exc
+                ) from exc
+            again = []
+            for temp, fanout, object_id, remember in self._temps:
+                try:
+                    created = fsio.link_new(temp, os.path.join(fanout, object_id))
+                except (FileNotFoundError, DurabilityError):
+                    created = False  # its directory or temp went (gc): publish it alone
+                crashpoints.reach("object.linked")
+                if not created and not objects._refresh(object_id):
+                    again.append(object_id)
+                elif remember:
+                    objects._remember(object_id, self.data[object_id])
+            try:
+                objects.flush.filesystem()
+            except OSError as exc:
+                raise DurabilityError(
+                    objects._layout.objects, "syncing a batch's names", exc
+                ) from exc
+        finally:
+            self.discard()
+        for _ in self._temps:
+            crashpoints.reach("object.published")  # as many arrivals as a put of each
+        for object_id in again:
+            objects.put_framed(self.data[object_id])
+
+
+def _later(fd: int, path: str) -> None:
+    """A batch's temp file is flushed with the others at the batch's end (one syncfs)."""
+    del fd, path

@@ -560,6 +560,19 @@ class Store:
         except ValueError as exc:  # hash-valid but not a value castore writes (too deep, ...)
             raise ObjectCorruptError(blob_id, self.objects.path(blob_id), str(exc)) from exc
 
+    def batch(self) -> contextlib.AbstractContextManager[None]:
+        """Objects put in this thread inside the block (put_blob, put_raw, put_tree) are
+        published together when it ends: two flushes for all of them instead of two each,
+        on filesystems whose flushes castore shares (FORMAT.md 9.2; elsewhere each put
+        publishes itself). Commit only after the block: until it ends nothing is named.
+
+            with store.batch():
+                parts = {name: store.put_raw(body) for name, body in bodies.items()}
+                tree = store.put_tree(parts)
+            run.commit_step("save", tree)
+        """
+        return self.objects.batch()
+
     def put_raw(self, data: bytes) -> RawRef:
         """Store bytes verbatim (serialized framework state, an encrypted payload) as one raw
         object; record the returned RawRef as a step's result or name it in a tree.
@@ -595,7 +608,11 @@ class Store:
         tallest = 0
         for name, part in sorted(tree.refs.items()):
             kind = self.objects.kind_of(part)
-            if kind not in trees.PART_KINDS or not fsio.refresh_mtime(self.objects.path(part)):
+            # A part put in this thread's open batch is named once the batch ends (batch()).
+            fresh = self.objects.pending(part) is not None
+            if kind not in trees.PART_KINDS or not (
+                fresh or fsio.refresh_mtime(self.objects.path(part))
+            ):
                 found = "no such object" if kind is None else f"a {kind}"
                 raise UsageError(
                     f"part {name!r} of the tree names {part}: {found} in {self.root}; store "

@@ -12,8 +12,10 @@ within castore's nesting limit).
 
 from __future__ import annotations
 
+import contextlib
 import zlib
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any
 
 import attrs
@@ -47,6 +49,19 @@ class Parts:
         self._bodies: OrderedDict[str, bytes] = OrderedDict()
         self._size = 0
         self._lists: dict[str, ListInfo] = {}
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """The puts of one event published together (store.batch). If it fails, what this
+        cache says was stored may not be: it starts over, so nothing is named unstored."""
+        try:
+            with self.store.batch():
+                yield
+        except BaseException:
+            self._bodies.clear()
+            self._size = 0
+            self._lists.clear()
+            raise
 
     # -- raw values ------------------------------------------------------------------------
     def encode(self, value: Any) -> bytes:

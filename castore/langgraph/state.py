@@ -158,8 +158,15 @@ class ThreadState:
         # The header as the serializer's bytes (base64) in the tree's own data: one object
         # (two fsyncs) less per event than a raw part. Vouched like a raw part is: opaque
         # framework bytes, which the secret guard cannot judge (castore.Store.put_raw).
+        return self.commit_tree(self.make_tree(kind, header, refs))
+
+    def make_tree(self, kind: str, header: Any, refs: dict[str, str]) -> TreeRef:
+        """The event's tree (its header inline, its parts by reference), not committed."""
         data = {"k": kind, "h": base64.b64encode(self.parts.encode(header)).decode("ascii")}
-        tree = self.store.put_tree(refs, data, allow_fields=("$.data.h",))
+        return self.store.put_tree(refs, data, allow_fields=("$.data.h",))
+
+    def commit_tree(self, tree: TreeRef) -> str:
+        """Commit one event's tree to the thread's log; returns its id."""
         self._log().append(tree)
         self._apply(tree.tree)
         return tree.tree
@@ -195,29 +202,32 @@ class ThreadState:
         refs: dict[str, str] = {}
         inline: dict[str, Any] = {}
         lists: dict[str, ListInfo] = {}
-        for i, channel in enumerate(channels):
-            if channel not in values:
-                continue
-            value = values[channel]
-            if type(value) is list and value:
-                info = self.parts.list_refs(value, self.latest_value.get(channel), f"v{i}")
-                lists[f"v{i}"] = info
-                refs.update(info.refs)
-                continue
-            body = self.parts.encode(value)
-            if len(body) <= INLINE_BYTES:
-                inline[str(i)] = value  # one object less per step for a counter or a flag
-            else:
-                refs[f"v{i}"] = self.parts.put_value(value, body)
-        header = {
-            "checkpoint": checkpoint,
-            "metadata": metadata,
-            "parent": parent,
-            "new_versions": {c: new_versions[c] for c in channels},
-            "channels": channels,
-            "inline": inline,
-        }
-        tree = self.append("p", header, refs)
+        # Its parts and its tree published together: two flushes for all (store.batch).
+        with self.parts.batch():
+            for i, channel in enumerate(channels):
+                if channel not in values:
+                    continue
+                value = values[channel]
+                if type(value) is list and value:
+                    info = self.parts.list_refs(value, self.latest_value.get(channel), f"v{i}")
+                    lists[f"v{i}"] = info
+                    refs.update(info.refs)
+                    continue
+                body = self.parts.encode(value)
+                if len(body) <= INLINE_BYTES:
+                    inline[str(i)] = value  # one object less per step for a counter or a flag
+                else:
+                    refs[f"v{i}"] = self.parts.put_value(value, body)
+            header = {
+                "checkpoint": checkpoint,
+                "metadata": metadata,
+                "parent": parent,
+                "new_versions": {c: new_versions[c] for c in channels},
+                "channels": channels,
+                "inline": inline,
+            }
+            made = self.make_tree("p", header, refs)
+        tree = self.commit_tree(made)
         for slot, info in lists.items():
             self.parts.stored_list(tree, slot, info)
 
@@ -237,26 +247,28 @@ class ThreadState:
             return  # a retried put_writes: nothing new, nothing committed
         refs: dict[str, str] = {}
         inline: dict[str, Any] = {}
-        for i, (_, value) in enumerate(kept.values()):
-            if type(value) is list and value:
-                # Element by element: the messages a node writes are the ones the next
-                # checkpoint's list holds, stored once for both.
-                for j, item in enumerate(value):
-                    refs[f"x{i}.{j}"] = self.parts.put_body(self.parts.encode(item))
-            else:
-                body = self.parts.encode(value)
-                if len(body) <= INLINE_BYTES:
-                    inline[str(i)] = value
+        with self.parts.batch():
+            for i, (_, value) in enumerate(kept.values()):
+                if type(value) is list and value:
+                    # Element by element: the messages a node writes are the ones the next
+                    # checkpoint's list holds, stored once for both.
+                    for j, item in enumerate(value):
+                        refs[f"x{i}.{j}"] = self.parts.put_body(self.parts.encode(item))
                 else:
-                    refs[f"x{i}"] = self.parts.put_body(body)
-        header = {
-            "checkpoint_id": checkpoint_id,
-            "task_id": task_id,
-            "task_path": task_path,
-            "writes": [[channel, key[1]] for key, (channel, _) in kept.items()],
-            "inline": inline,
-        }
-        self.append("w", header, refs)
+                    body = self.parts.encode(value)
+                    if len(body) <= INLINE_BYTES:
+                        inline[str(i)] = value
+                    else:
+                        refs[f"x{i}"] = self.parts.put_body(body)
+            header = {
+                "checkpoint_id": checkpoint_id,
+                "task_id": task_id,
+                "task_path": task_path,
+                "writes": [[channel, key[1]] for key, (channel, _) in kept.items()],
+                "inline": inline,
+            }
+            made = self.make_tree("w", header, refs)
+        self.commit_tree(made)
 
     def keep_only(self, keep: list[str]) -> None:
         """Rewrite the namespace as its next generation holding only the checkpoints in

@@ -1,0 +1,133 @@
+"""store.batch(): objects put together share two flushes; nothing is named before the end."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+import castore
+from castore import fsio, groupflush
+from castore.flushpolicy import FlushPolicy
+from castore.fsck import Severity, check_store
+from tests.helpers import object_files
+
+SHARED = FlushPolicy(True, "ext4", "test: shared")
+PRECISE = FlushPolicy(False, "fuse.sshfs", "test: precise")
+
+
+class Flushes:
+    """Counts the flushes castore makes (file and directory fsyncs, syncfs)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.made: list[str] = []
+        self.fail_syncfs: int | None = None  # the nth syncfs fails with EIO
+        real_file, real_dir, real_syncfs = fsio.fsync_file, fsio.fsync_dir, fsio.syncfs
+
+        def syncfs(fd: int) -> None:
+            self.made.append("syncfs")
+            if self.fail_syncfs is not None and self.made.count("syncfs") == self.fail_syncfs:
+                raise OSError(errno.EIO, "Input/output error")
+            real_syncfs(fd)
+
+        monkeypatch.setattr(fsio, "syncfs", syncfs)
+        monkeypatch.setattr(
+            fsio, "fsync_file", lambda fd, path: (self.made.append("fsync"), real_file(fd, path))[1]
+        )
+        monkeypatch.setattr(
+            fsio, "fsync_dir", lambda path: (self.made.append("fsync_dir"), real_dir(path))[1]
+        )
+
+
+def _store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, policy: FlushPolicy) -> castore.Store:
+    monkeypatch.setattr(groupflush, "_BY_DEVICE", {})
+    monkeypatch.setattr(groupflush, "decide", lambda root: policy)
+    return castore.Store.init(tmp_path / "s")
+
+
+def _temps(root: str) -> list[str]:
+    return [n for _, _, names in os.walk(root) for n in names if n.startswith(".tmp-")]
+
+
+def test_a_batch_of_objects_is_two_syncfs_and_names_appear_at_its_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Five raw parts and a tree: two syncfs, no fsync; no part is named inside the block."""
+    store = _store(tmp_path, monkeypatch, SHARED)
+    flushes = Flushes(monkeypatch)
+    with store.batch():
+        parts = {f"p{i}": store.put_raw(f"part {i}".encode() * 50) for i in range(5)}
+        tree = store.put_tree(parts, {"n": 5})
+        assert not os.path.exists(store.objects.path(tree.tree))
+        assert [] == flushes.made
+    assert ["syncfs", "syncfs"] == flushes.made
+    assert {f"part {i}".encode() * 50 for i in range(5)} == {
+        store.get_raw(part) for part in parts.values()
+    }
+    assert {"n": 5} == store.get_tree(tree).data
+    assert [] == _temps(store.root)
+    assert {tree.tree, *(p.raw for p in parts.values())} <= set(object_files(store.root))
+
+
+def test_an_error_inside_a_batch_publishes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An exception in the block: no object of the batch is named, no temp file is left."""
+    store = _store(tmp_path, monkeypatch, SHARED)
+    before = set(object_files(store.root))
+
+    def changes_its_mind() -> None:
+        with store.batch():
+            store.put_raw(b"never named")
+            raise RuntimeError("the caller changed its mind")
+
+    with pytest.raises(RuntimeError):
+        changes_its_mind()
+    assert before == set(object_files(store.root))
+    assert [] == _temps(store.root)
+
+
+@pytest.mark.parametrize(("nth", "what"), [(1, "bytes"), (2, "names")])
+def test_a_failed_syncfs_of_a_batch_is_a_durability_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nth: int, what: str
+) -> None:
+    """The data flush fails: nothing named. The names' flush fails: named but reported, and
+    never trusted as durable by the caller (the put raised). No temp file left either way."""
+    store = _store(tmp_path, monkeypatch, SHARED)
+    flushes = Flushes(monkeypatch)
+    flushes.fail_syncfs = nth
+    with pytest.raises(castore.DurabilityError, match=f"syncing a batch's {what}"), store.batch():
+        raw = store.put_raw(b"some bytes" * 10)
+    assert [] == _temps(store.root)
+    assert (nth == 2) == os.path.exists(store.objects.path(raw.raw))
+    assert store.put_raw(b"some bytes" * 10) == raw  # a later put publishes it
+
+
+def test_a_commit_inside_the_batch_naming_its_objects_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Committing a result put in the open batch would name an object with no name yet:
+    UsageError before the commit point; after the block the same commit succeeds."""
+    store = _store(tmp_path, monkeypatch, SHARED)
+    run = store.start("t", castore.Plan.build("p", "a"))
+    with store.batch():
+        raw = store.put_raw(b"x" * 100)
+        with pytest.raises(castore.UsageError, match="commit after the batch"):
+            run.commit_step("a", raw)
+    assert 0 == run.head.seq
+    run.commit_step("a", raw)
+    assert [] == [f.code for f in check_store(store.root, jobs=1) if f.severity is Severity.ERROR]
+
+
+def test_where_flushes_are_not_shared_each_put_publishes_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On FUSE or NFS a batch changes nothing: each put is durable and named at once."""
+    store = _store(tmp_path, monkeypatch, PRECISE)
+    flushes = Flushes(monkeypatch)
+    with store.batch():
+        raw = store.put_raw(b"y" * 100)
+        assert os.path.exists(store.objects.path(raw.raw))
+    assert ["fsync", "fsync_dir"] == flushes.made
