@@ -73,7 +73,8 @@ class GcReport:
     kept_young: int = 0
     unreadable_tasks: list[str] = attrs.field(factory=list)
     restored: list[str] = attrs.field(factory=list)  # objects a crashed gc had left aside
-    # Snapshot names a power loss took (v2, FORMAT.md 13.4), given back as links of the slots.
+    # Snapshot names a power loss took (v2, FORMAT.md §13 "A lost snapshot name"), given back
+    # as links of their slots.
     names_restored: list[str] = attrs.field(factory=list)
     # Trees, packs (or objects in their place) whose names could not be read: id -> why.
     unreadable_objects: dict[str, str] = attrs.field(factory=dict)

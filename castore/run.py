@@ -480,7 +480,7 @@ class Run:
         if not self._head_durable:
             if self._settings.version >= 2 and name_is_lost(self._objects, self.head_id):
                 # A power loss took HEAD's object name (v2 commits leave it unsynced): back
-                # before a successor names HEAD (FORMAT.md 13.4).
+                # before a successor names HEAD (FORMAT.md §13, "A lost snapshot name").
                 restore_name(self._objects, self._slots.path(self.head.seq), self.head_id)
             fsio.fsync_dir(self._slots.directory)
             self._head_durable = True

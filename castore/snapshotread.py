@@ -2,10 +2,10 @@
 
 In a format-2 store a commit does not make its snapshot's object name (objects/xx/<id>)
 durable: the chain slot, made durable by the commit, is a hard link to the same inode, so
-after a power loss the slot may be the snapshot's only name (FORMAT.md 13). Every reader of a
-snapshot whose slot it knows reads it here: by its object name, else from the slot, whose
-bytes must hash to the id asked for (the id came from the child's `parent`, or it is HEAD's
-own hash), so what is returned is verified either way.
+after a power loss the slot may be the snapshot's only name (FORMAT.md §13, "A lost snapshot
+name"). Every reader of a snapshot whose slot it knows reads it here: by its object name, else
+from the slot, whose bytes must hash to the id asked for (the id came from the child's
+`parent`, or it is HEAD's own hash), so what is returned is verified either way.
 """
 
 from __future__ import annotations

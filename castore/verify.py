@@ -151,8 +151,8 @@ def _verify(
     head_seq, slot_data = _read_head_slot(slots)
     _check_contiguous(slots, head_seq)
     head_id = hash_bytes(slot_data)
-    # The slot and the object are one inode; a power loss may have taken the object's name
-    # (v2, FORMAT.md 13.4): HEAD is then read from its slot, verified by its frame and links.
+    # A power loss may have taken the object's name (v2, FORMAT.md §13 "A lost snapshot
+    # name"): HEAD is then read from its slot, verified by its frame and links.
     data = _read_snapshot(objects, slots, head_id, head_seq)
     head = _decode_at(task_id, head_id, data, head_seq, None)
     anchor = head.sealed
@@ -364,8 +364,8 @@ def verify_head(objects: ObjectStore, slots: TaskSlots) -> VerifiedHead:
     try:
         head_seq, slot_data = _read_head_slot(slots)
         head_id = hash_bytes(slot_data)
-        # The slot and the object are one inode; a power loss may have taken the object's name
-        # (v2, FORMAT.md 13.4): HEAD is then read from its slot, verified by its frame and links.
+        # A power loss may have taken the object's name (v2, FORMAT.md §13 "A lost snapshot
+        # name"): HEAD is then read from its slot, verified by its frame and links.
         data = _read_snapshot(objects, slots, head_id, head_seq)
         head = _decode_snapshot(task_id, head_id, data)
         _check_link(task_id, head_id, head, head_seq, None)

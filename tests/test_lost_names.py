@@ -5,6 +5,7 @@ give the name back. The state is made here by unlinking the names by hand."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -208,3 +209,22 @@ def test_seal_prune_fork_status_watch_and_brief_work_with_lost_names(tmp_path: P
     assert (7, 6) == (chain.head.seq, report.anchor.through)
     assert not any(store._slots(TASK).exists(seq) for seq in range(7))
     assert ([], 0) == findings(store)
+
+
+def test_show_and_log_read_a_snapshot_whose_name_is_lost(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """v2: `castore show TASK@SEQ` shows a snapshot whose name is lost, from its slot; `log`
+    of a chain broken elsewhere (slot 1 nameless and rewritten) shows the nameless slot 4 as
+    intact and slot 1 (its parent is not slot 0's snapshot) as broken."""
+    store = make_store(tmp_path / "s", 2)
+    lose_names(store, (4,))
+    code, out, _ = cli(capsys, "--store", store.root, "show", f"{TASK}@4", "--json")
+    assert (0, 4) == (code, json.loads(out)["value"]["seq"])
+    other = Path(slot_path(make_store(tmp_path / "other", 2), 1)).read_bytes()
+    lose_names(store, (1,))
+    Path(slot_path(store, 1)).unlink()
+    Path(slot_path(store, 1)).write_bytes(other)
+    code, out, _ = cli(capsys, "--store", store.root, "log", TASK, "--json")
+    rows = {row.get("seq"): row for row in map(json.loads, out.splitlines())}
+    assert (True, True) == ("problem" not in rows[4], "problem" in rows[1])

@@ -21,8 +21,8 @@ class Coverage:
 
     def __init__(self, inventory: Inventory, *, names_may_be_lost: bool = False) -> None:
         self.inventory = inventory
-        # v2: a commit leaves its snapshot's object name unsynced (FORMAT.md 13.4), so a
-        # vouched slot without one is a lost name; in v1 it never is.
+        # v2: a commit leaves its snapshot's object name unsynced (FORMAT.md §13, "A lost
+        # snapshot name"), so a vouched slot without one is a lost name; in v1 it never is.
         self._names_may_be_lost = names_may_be_lost
         self.reports: dict[str, ObjectReport] = {}  # objects checked, with what they found
         self.clean: set[str] = set()  # snapshot objects checked through a clean slot
