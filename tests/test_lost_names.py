@@ -228,3 +228,17 @@ def test_show_and_log_read_a_snapshot_whose_name_is_lost(
     code, out, _ = cli(capsys, "--store", store.root, "log", TASK, "--json")
     rows = {row.get("seq"): row for row in map(json.loads, out.splitlines())}
     assert (True, True) == ("problem" not in rows[4], "problem" in rows[1])
+
+
+def test_gc_cli_says_which_names_it_gives_back(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """v2: `castore gc --dry-run` lists the names it would give back, `gc --json` those it
+    gave back."""
+    store = make_store(tmp_path / "s", 2)
+    (lost,) = lose_names(store, (3,))
+    code, out, _ = cli(capsys, "--store", store.root, "gc", "--dry-run")
+    assert 0 == code
+    assert f"would give back the name {lost}" in out
+    code, out, _ = cli(capsys, "--store", store.root, "gc", "--json")
+    assert (0, [lost]) == (code, json.loads(out)["names_restored"])
