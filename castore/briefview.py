@@ -21,6 +21,7 @@ from castore.outcomes import Outcome, Outcomes, outcome_of
 from castore.packwalk import read_pack
 from castore.records import Plan, Snapshot
 from castore.refs import TaskSlots
+from castore.snapshotread import read_snapshot
 from castore.verify import VerifiedChain, check_walked_link, read_plan, verify_head
 
 RECENT = 5  # the most finished steps a brief shows
@@ -90,7 +91,7 @@ def view_of_head(objects: ObjectStore, slots: TaskSlots) -> TaskView:
         if len(found) >= RECENT or snapshot.seq == floor:
             break
         parent = str(snapshot.parent)  # check_walked_link saw a parent past sequence 0
-        older = decode_snapshot(task, parent, _read(objects, task, parent, snapshot.seq - 1))
+        older = decode_snapshot(task, parent, _read(objects, slots, parent, snapshot.seq - 1))
         child = (current_id, snapshot)
         clock = check_walked_link(task, parent, older, snapshot.seq - 1, child, clock=clock)
         current_id, snapshot = parent, older
@@ -151,9 +152,10 @@ def _plan_facts(objects: ObjectStore, task: str, plan_id: str) -> PlanFacts:
     return PlanFacts(*found)
 
 
-def _read(objects: ObjectStore, task: str, object_id: str, seq: int) -> bytes:
+def _read(objects: ObjectStore, slots: TaskSlots, object_id: str, seq: int) -> bytes:
+    task = slots.task_id
     try:
-        return objects.read(object_id)
+        return read_snapshot(objects, slots, object_id, seq)  # by its name, else its slot
     except (FormatVersionError, StoreIOError):
         raise
     except CastoreError as exc:

@@ -47,12 +47,15 @@ from castore.layout import (
     CHAIN_DIR,
     OBJECTS_DIR,
     TASKS_DIR,
+    Layout,
     is_object_name,
     object_relpath,
     parse_slot_name,
     parse_temp_name,
     temp_name,
 )
+from castore.objects import ObjectStore
+from castore.snapshotread import name_is_lost, restore_name
 from castore.store import Store
 
 DEFAULT_GRACE_S = 14 * 86400
@@ -70,6 +73,9 @@ class GcReport:
     kept_young: int = 0
     unreadable_tasks: list[str] = attrs.field(factory=list)
     restored: list[str] = attrs.field(factory=list)  # objects a crashed gc had left aside
+    # Snapshot names a power loss took (v2, FORMAT.md §13 "A lost snapshot name"), given back
+    # as links of their slots.
+    names_restored: list[str] = attrs.field(factory=list)
     # Trees, packs (or objects in their place) whose names could not be read: id -> why.
     unreadable_objects: dict[str, str] = attrs.field(factory=dict)
     forgotten: list[str] = attrs.field(factory=list)  # tasks retention forgot (retention.py)
@@ -89,9 +95,14 @@ class Reachable:
     that finds it gone after its link stores it again (refs.py), and its parts after it, so
     a read that follows a set-aside must see it once it is back."""
 
-    def __init__(self, root: str, report: GcReport) -> None:
+    def __init__(
+        self, root: str, report: GcReport, *, restore: bool = False, dry_run: bool = False
+    ) -> None:
         self._root = root
         self._report = report
+        # restore: give each slot's snapshot its lost object name back (dry_run: only say so).
+        self._objects = ObjectStore(Layout(root)) if restore else None
+        self._dry_run = dry_run
         self._seen: set[str] = set()  # slot paths read
         self._walk = references.Walk()
         self._loaded: set[str] = set()  # followed ids already loaded
@@ -130,7 +141,11 @@ class Reachable:
                     self._unreadable(task)
                     break
                 self._seen.add(path)
-                self.referenced.add(hash_bytes(data))
+                snapshot_id = hash_bytes(data)
+                self.referenced.add(snapshot_id)
+                objects = self._objects
+                if objects is not None and name_is_lost(objects, snapshot_id):
+                    self._restore_name(objects, path, snapshot_id)
         references.walk(roots, self._load, self._loaded, self._walk)
         self._report.unreadable_objects.update(self._walk.unreadable)
         # A named tree or pack that is missing might have named anything: keep everything
@@ -140,6 +155,12 @@ class Reachable:
             self._report.unreadable_objects.setdefault(
                 object_id, "named by a chain, but missing: what it names is unknown"
             )
+
+    def _restore_name(self, objects: ObjectStore, slot: str, snapshot_id: str) -> None:
+        """A slot whose snapshot has no object name: the name back, a link of the slot (its
+        bytes hash to the name by construction), durable before gc goes on."""
+        if self._dry_run or restore_name(objects, slot, snapshot_id):
+            self._report.names_restored.append(object_relpath(snapshot_id))
 
     def _load(self, object_id: str) -> references.Loaded:
         """What a followed id names (a set-aside object is read under its temp name)."""
@@ -328,7 +349,7 @@ def collect(
         # -- forget hook: a forgotten task's slots go first, so what only they named is
         # unnamed when reachability is read below (reclaim.py) -------------------------
         reclaimed = reclaim.reclaim_forgotten(store, dry_run=dry_run)
-        report = _collect(root, grace_s, dry_run, now)
+        report = _collect(root, grace_s, dry_run, now, restore=store.format_version >= 2)
     except CastoreError:
         raise
     except OSError as exc:
@@ -354,11 +375,14 @@ def _retire(store: Store, after_s: float | None, now: float | None, dry_run: boo
     ]
 
 
-def _collect(root: str, grace_s: float, dry_run: bool, now: float | None) -> GcReport:
+def _collect(
+    root: str, grace_s: float, dry_run: bool, now: float | None, *, restore: bool
+) -> GcReport:
     report = GcReport()
     cutoff = (now if now is not None else time.time()) - grace_s
     candidates = list(_candidates(root, cutoff, report))  # listed before reachability is read
-    slots = Reachable(root, report)
+    # restore (v2): lost snapshot names come back at this first read, before any decision.
+    slots = Reachable(root, report, restore=restore, dry_run=dry_run)
     slots.read_new()
     crashpoints.reach("gc.slots_read")
     touched: set[str] = set()

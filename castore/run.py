@@ -49,6 +49,7 @@ from castore.records import (
 from castore.refs import TaskSlots
 from castore.replay import Position, Replay
 from castore.seal import Sealer, SealReport
+from castore.snapshotread import name_is_lost, restore_name
 from castore.tasklock import TaskLock
 from castore.trees import load_result, parts_reached, stored_result
 from castore.verify import VerifiedChain, mark_through
@@ -477,6 +478,10 @@ class Run:
             )
         data = encode_snapshot(snapshot, self._settings)
         if not self._head_durable:
+            if self._settings.version >= 2 and name_is_lost(self._objects, self.head_id):
+                # A power loss took HEAD's object name (v2 commits leave it unsynced): back
+                # before a successor names HEAD (FORMAT.md §13, "A lost snapshot name").
+                restore_name(self._objects, self._slots.path(self.head.seq), self.head_id)
             fsio.fsync_dir(self._slots.directory)
             self._head_durable = True
         # What no earlier slot names: gc could remove it before it sees this commit (refs.py).

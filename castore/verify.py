@@ -29,6 +29,7 @@ from castore.outcomes import Outcome, Outcomes, PackRef, outcome_of
 from castore.packwalk import verify_sealed
 from castore.records import Plan, Sealed, Snapshot
 from castore.refs import TaskSlots
+from castore.snapshotread import read_snapshot
 
 
 @attrs.frozen
@@ -77,10 +78,14 @@ def named_ids(entry: object) -> Iterator[str]:
             yield value
 
 
-def _read_snapshot(objects: ObjectStore, task_id: str, object_id: object, seq: int) -> bytes:
+def _read_snapshot(objects: ObjectStore, slots: TaskSlots, object_id: object, seq: int) -> bytes:
+    """Snapshot `object_id`, verified, by its object name or else from its slot `seq` (a
+    power loss may have taken the name, snapshotread.py); ChainError naming the slot if not."""
+    task_id = slots.task_id
     try:
         # objects.read validates the id before it becomes a path (once, not twice per walk).
-        return objects.read(object_id if isinstance(object_id, str) else repr(object_id))
+        name = object_id if isinstance(object_id, str) else repr(object_id)
+        return read_snapshot(objects, slots, name, seq)
     except CastoreError as exc:
         if isinstance(exc, FormatVersionError | StoreIOError):
             raise
@@ -146,8 +151,9 @@ def _verify(
     head_seq, slot_data = _read_head_slot(slots)
     _check_contiguous(slots, head_seq)
     head_id = hash_bytes(slot_data)
-    # The slot and the object are one inode; reading the object proves it is published.
-    data = _read_snapshot(objects, task_id, head_id, head_seq)
+    # A power loss may have taken the object's name (v2, FORMAT.md §13 "A lost snapshot
+    # name"): HEAD is then read from its slot, verified by its frame and links.
+    data = _read_snapshot(objects, slots, head_id, head_seq)
     head = _decode_at(task_id, head_id, data, head_seq, None)
     anchor = head.sealed
     floor = anchor.through + 1 if anchor is not None else 0
@@ -167,7 +173,7 @@ def _verify(
         # _check_link saw that a snapshot past sequence 0 names a parent; sequence numbers
         # strictly decrease, so no walk can cycle.
         parent = str(snapshot.parent)
-        data = _read_snapshot(objects, task_id, parent, expected_seq - 1)
+        data = _read_snapshot(objects, slots, parent, expected_seq - 1)
         older = _decode_at(task_id, parent, data, expected_seq - 1, snapshot)
         _check_history(task_id, older, snapshot, current_id)
         check_anchor(task_id, older, snapshot, current_id)
@@ -358,8 +364,9 @@ def verify_head(objects: ObjectStore, slots: TaskSlots) -> VerifiedHead:
     try:
         head_seq, slot_data = _read_head_slot(slots)
         head_id = hash_bytes(slot_data)
-        # The slot and the object are one inode; reading the object proves it is published.
-        data = _read_snapshot(objects, task_id, head_id, head_seq)
+        # A power loss may have taken the object's name (v2, FORMAT.md §13 "A lost snapshot
+        # name"): HEAD is then read from its slot, verified by its frame and links.
+        data = _read_snapshot(objects, slots, head_id, head_seq)
         head = _decode_snapshot(task_id, head_id, data)
         _check_link(task_id, head_id, head, head_seq, None)
         return VerifiedHead(task_id, head, head_id, ChainClock().seen(head.seq, head.time_ms))
@@ -414,7 +421,7 @@ def _extend(objects: ObjectStore, slots: TaskSlots, known: VerifiedHead) -> Veri
     if not all(slots.exists(seq) for seq in range(known_seq + 1, head_seq)):
         return None  # a gap among the new slots: the full walk's contiguity check names it
     head_id = hash_bytes(slot_data)
-    data = _read_snapshot(objects, task_id, head_id, head_seq)
+    data = _read_snapshot(objects, slots, head_id, head_seq)
     current_id, seq = head_id, head_seq
     child: tuple[str, Snapshot] | None = None
     head: Snapshot | None = None
@@ -426,7 +433,7 @@ def _extend(objects: ObjectStore, slots: TaskSlots, known: VerifiedHead) -> Veri
         if seq == known_seq + 1:
             break
         # _check_link saw that a snapshot past sequence 0 names a parent.
-        data = _read_snapshot(objects, task_id, snapshot.parent, seq - 1)
+        data = _read_snapshot(objects, slots, snapshot.parent, seq - 1)
         child = (current_id, snapshot)
         current_id, seq = str(snapshot.parent), seq - 1
     if snapshot.parent != known.head_id:

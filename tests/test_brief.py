@@ -15,7 +15,7 @@ from castore.effects import Service
 from castore.objects import ObjectStore
 from castore.records import Plan, Step, effect
 from castore.seal import seal_task
-from tests.helpers import cli
+from tests.helpers import cli, flip_bit, rewrite
 
 BANK = Service("bank")  # neither idempotent nor reconcilable: an interruption is UNRESOLVED
 AWS_KEY = "AKIA" + "ABCDEFGHIJKLMNOP"  # the shape the secret guard knows
@@ -249,8 +249,7 @@ def test_cli_errors_are_one_line_with_the_documented_codes(
         _run_steps(run, range(2))
         parent = run.head.parent
     assert parent is not None
-    store.objects.path(parent)
-    Path(store.objects.path(parent)).unlink()
+    rewrite(Path(store.objects.path(parent)), flip_bit)  # its slot too: one inode
     code, out, err = cli(capsys, "--store", root, "brief", "broken")
     assert (3, "", 1) == (code, out, err.count("\n"))
     assert "castore: error: task 'broken'" in err

@@ -91,6 +91,7 @@ def test_gc_json(store: castore.Store, capsys: pytest.CaptureFixture[str], dry_r
         "unreadable_tasks": [],
         "unreadable_objects": {},
         "forgotten": [],
+        "names_restored": [],
     } == row
     assert True is (isinstance(kept_young, int) and kept_young >= 1)  # the young blob at least
     assert (dry_run, True) == (old.exists(), Path(store.objects.path(young)).exists())

@@ -79,9 +79,11 @@ def test_corrupt_snapshot_object_is_a_chain_error(store: castore.Store) -> None:
 
 
 def test_missing_snapshot_object_is_a_chain_error(store: castore.Store) -> None:
-    """A parent snapshot object that is gone: ChainError saying it is missing."""
+    """A parent snapshot object that is gone, its slot holding other bytes (so the slot
+    cannot stand for a lost name): ChainError saying it is missing."""
     ids = three_snapshots(store)
     os.unlink(store.objects.path(ids[0]))
+    rewrite(Path(TaskSlots(store.layout, store.objects, TASK).path(0)), flip_bit)
     with pytest.raises(castore.ChainError) as caught:
         store.resume(TASK, PLAN)
     assert "is missing" in str(caught.value)

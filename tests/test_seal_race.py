@@ -18,6 +18,7 @@ import castore.verify as verify_module
 from castore.errors import ChainError, ConflictError
 from castore.layout import parse_slot_name
 from castore.objects import ObjectStore
+from castore.refs import TaskSlots
 from castore.verify import verify_chain
 
 pytestmark = pytest.mark.usefixtures(seal_often.__name__)
@@ -44,12 +45,12 @@ def test_a_reader_that_meets_a_prune_starts_over_from_the_new_head(
     real = verify_module._read_snapshot
     raced: list[int] = []
 
-    def racing(objects: ObjectStore, task_id: str, object_id: object, seq: int) -> bytes:
+    def racing(objects: ObjectStore, slots: TaskSlots, object_id: object, seq: int) -> bytes:
         if seq == 6 and not raced:
             raced.append(seq)
             writer.commit_step(str(writer.next_step), "r")  # names the pack of 0..7
             writer._sealer.drain()  # type: ignore[union-attr]  # mark 7, slots 0..7 pruned
-        return real(objects, task_id, object_id, seq)
+        return real(objects, slots, object_id, seq)
 
     monkeypatch.setattr(verify_module, "_read_snapshot", racing)
     chain = verify_chain(v2.objects, v2._slots(TASK))
@@ -63,7 +64,8 @@ def test_a_reader_that_meets_a_prune_starts_over_from_the_new_head(
 def test_a_missing_object_without_a_moved_mark_is_damage(
     v2: castore.Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The same walk, but the object vanishes without any seal: no restart, a ChainError."""
+    """The same walk, but the snapshot vanishes (its object name and its slot) without any
+    seal: no restart, a ChainError."""
     plan = plan_of(40)
     with v2.start(TASK, plan) as run:
         for _ in range(5):
@@ -71,11 +73,13 @@ def test_a_missing_object_without_a_moved_mark_is_damage(
     real = verify_module._read_snapshot
     reads: list[int] = []
 
-    def vanishing(objects: ObjectStore, task_id: str, object_id: object, seq: int) -> bytes:
+    def vanishing(objects: ObjectStore, slots: TaskSlots, object_id: object, seq: int) -> bytes:
         reads.append(seq)
         if seq == 3:
+            # The name alone would not do: the slot stands for a lost name (snapshotread.py).
             os.unlink(objects.path(str(object_id)))
-        return real(objects, task_id, object_id, seq)
+            os.unlink(slots.path(seq))
+        return real(objects, slots, object_id, seq)
 
     monkeypatch.setattr(verify_module, "_read_snapshot", vanishing)
     with pytest.raises(ChainError, match="at slot 3"):

@@ -101,12 +101,16 @@ def cmd_gc(args: argparse.Namespace) -> int:
                 "unreadable_tasks": report.unreadable_tasks,
                 "unreadable_objects": report.unreadable_objects,
                 "forgotten": report.forgotten,
+                "names_restored": report.names_restored,
             }
         )
         return status
     forgot = "would forget" if args.dry_run else "forgot"
     for task in report.forgotten:
         print(f"{forgot} task {display_name(task)} (finished, older than the retention period)")
+    given = "would give back" if args.dry_run else "gave back"
+    for relpath in report.names_restored:
+        print(f"{given} the name {relpath} (a power loss took it; its chain slot kept the bytes)")
     verb = "would remove" if args.dry_run else "removed"
     for relpath in report.removed:
         print(f"{verb} {relpath}")

@@ -143,7 +143,7 @@ def _check(
             yield from walk_top(root)
             yield from missing_directories(root)
             yield from inventory.findings
-        coverage = Coverage(inventory)
+        coverage = Coverage(inventory, names_may_be_lost=store.format_version >= 2)
         unreadable = False
         chain_findings: list[Finding] = []  # reported after the objects they may point at
         for result in results:

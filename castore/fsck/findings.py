@@ -108,6 +108,11 @@ CODES: dict[str, tuple[Severity, str]] = {
         Severity.ERROR,
         "a chain slot whose snapshot object is missing from objects/",
     ),
+    "snapshot-name-lost": (
+        Severity.WARNING,
+        "a power loss took the object name of this slot's snapshot (format 2 does not sync "
+        "it); its bytes verify through the slot, and `castore gc` gives the name back",
+    ),
     "seq-mismatch": (
         Severity.ERROR,
         "a snapshot in a slot whose number is not its sequence number",

@@ -15,7 +15,7 @@ from castore.codec import intact_body
 from castore.digest import hash_bytes
 from castore.errors import CastoreError
 from castore.fastdecode import canonical_view, decode_canonical
-from castore.fsck.findings import Finding
+from castore.fsck.findings import Finding, Severity
 from castore.fsck.named import NamedObjects, PlanShape
 from castore.fsck.objects import check_data, read_with_stat
 from castore.fsck.sealed import check_sealed, read_mark
@@ -91,6 +91,10 @@ class TaskCheck:
         self.mark: Mark | None = None  # the sealed mark (v2), if there is a readable one
         self._mark_damaged = False
         self._head: tuple[str, Snapshot] | None = None
+        # Slots read whose bytes nothing vouches for: no next slot names them as its parent
+        # (HEAD: it does not decode and link cleanly). Only a vouched slot's missing object
+        # name may be a lost name (snapshot-name-lost) rather than damage.
+        self.doubted: set[int] = set()
 
     def add(self, code: str, relpath: str, message: str, object_id: str | None = None) -> None:
         self.found.append(Finding(code, relpath, message, object_id, self.task_id))
@@ -194,6 +198,7 @@ class TaskCheck:
         """Check the slots `present` (in order); a slot after a gap has no previous link."""
         previous: tuple[str, Snapshot] | None = None
         previous_seq, head = -1, present[-1]
+        vouches = _Vouches(self.doubted)
         try:
             dir_fd = open_directory(chain_dir)
         except OSError:
@@ -202,6 +207,8 @@ class TaskCheck:
             for seq in present:
                 if previous is not None and seq != previous_seq + 1:
                     previous = None
+                if previous is None:
+                    vouches.broken()  # a gap or an unreadable slot follows the last one read
                 previous_seq = seq
                 name = names[seq]
                 loaded = None
@@ -213,14 +220,29 @@ class TaskCheck:
                     if loaded is None:
                         previous = None
                         continue
+                    before = len(self.found)
                     self._check_entry(relpath, seq, loaded[0], loaded[1], previous)
+                    self._vouch_head(seq == head, seq, before)
+                vouches.read(seq, loaded[1], previous)
                 previous = loaded
                 if seq == head:
                     self._head = loaded
                     self._check_head(self.slot_relpath(seq), loaded[0], loaded[1])
+            vouches.end(head)
         finally:
             if dir_fd >= 0:
                 os.close(dir_fd)
+
+    def _vouch_head(self, is_head: bool, seq: int, before: int) -> None:
+        """HEAD, taken the full check, is doubted unless its bytes stand on their own
+        (FORMAT.md 11.2): a whole snapshot object (its SlotCheck, the last one) and a clean
+        link, every finding since `before` a warning at most."""
+        if not is_head:
+            return
+        slot = self.slots[-1]
+        findings = (*slot.findings, *self.found[before:])
+        if slot.kind != "snapshot" or any(f.severity is Severity.ERROR for f in findings):
+            self.doubted.add(seq)
 
     def slot_relpath(self, seq: int) -> str:
         return f"{self.rel}/{CHAIN_DIR}/{slot_name(seq)}"
@@ -404,6 +426,32 @@ class TaskCheck:
             elif record.state is EffectState.SUBMITTED and age_ms > self.stuck_after_ms:
                 message = f"effect {record.step!r} SUBMITTED {age_ms / 3_600_000:.1f} h ago"
                 self.add("effect-stuck", relpath, message, snapshot_id)
+
+
+@attrs.define
+class _Vouches:
+    """The walk's record of which slots the next slot names as its parent: those that no
+    next slot names go to `doubted` (HEAD is judged on its own, TaskCheck._vouch_head)."""
+
+    doubted: set[int]
+    waiting: int | None = None  # the last slot read, until the next one names it
+
+    def broken(self) -> None:
+        """The next slot read does not follow the waiting one (a gap, an unreadable slot)."""
+        if self.waiting is not None:
+            self.doubted.add(self.waiting)
+        self.waiting = None
+
+    def read(self, seq: int, snapshot: Snapshot, previous: tuple[str, Snapshot] | None) -> None:
+        """Slot `seq` read, `previous` the (id, snapshot) of the slot before it, if read."""
+        if self.waiting is not None and (previous is None or snapshot.parent != previous[0]):
+            self.doubted.add(self.waiting)
+        self.waiting = seq
+
+    def end(self, head: int) -> None:
+        """The walk is over: a slot still waiting below HEAD had no readable next slot."""
+        if self.waiting != head:
+            self.broken()
 
 
 # A view, not a Snapshot (see canonical_view): the clean path and the chain checks only

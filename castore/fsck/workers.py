@@ -47,6 +47,9 @@ class TaskResult:
     named_clean: tuple[str, ...]  # ids of those with nothing to report
     named: tuple[ObjectReport, ...]  # the others (records dropped)
     unreadable: bool
+    # Slots read whose bytes nothing vouches for (TaskCheck.doubted): a missing object name
+    # of any other slot is a lost name in a v2 store.
+    doubted: frozenset[int] = frozenset()
 
     def clean_slots(self) -> Iterator[tuple[int, str, int]]:
         """(seq, snapshot id, inode) of each clean slot."""
@@ -87,6 +90,7 @@ def check_tasks(
             tuple(r.object_id for r in new if not r.findings),
             tuple(attrs.evolve(r, record=None) for r in new if r.findings),
             check.unreadable or objects.unreadable,
+            frozenset(check.doubted),
         )
 
 
