@@ -521,3 +521,39 @@ def replace_file(directory: str, name: str, data: bytes, mode: int = OBJECT_MODE
         discard(temp)
         raise
     fsync_dir(directory)
+
+
+@functools.cache
+def _libc_syncfs() -> Callable[[int], int] | None:
+    """libc's syncfs(2), or None where the C library lacks it (glibc before 2.14, non-Linux)."""
+    import ctypes  # noqa: PLC0415 -- only group commit needs it, not every import of fsio
+
+    try:
+        function = ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int]
+    function.restype = ctypes.c_int
+
+    def call(fd: int) -> int:
+        if function(fd) == -1:
+            return ctypes.get_errno() or errno.EIO
+        return 0
+
+    return call
+
+
+def syncfs_available() -> bool:
+    """True when libc offers syncfs(2), so one call can flush a whole filesystem."""
+    return _libc_syncfs() is not None
+
+
+def syncfs(fd: int) -> None:
+    """Flush every dirty file of the filesystem holding `fd` (syncfs(2)); OSError with its errno
+    on failure (from Linux 5.8 on that includes write-back errors of files nobody fsynced)."""
+    function = _libc_syncfs()
+    if function is None:
+        raise OSError(errno.ENOSYS, "this C library has no syncfs")
+    code = function(fd)
+    if code:
+        raise OSError(code, os.strerror(code))
