@@ -48,6 +48,8 @@ def check_flush_path(ctx: Context) -> tuple[Verdict, str]:
 
 def _time_flushes(directory: str) -> tuple[float, float]:
     """Median seconds of syncfs (with a fresh dirty file) and of one fresh file's fsync."""
+    # Opened before anything is written: syncfs reports a write-back error only to descriptors
+    # opened before someone first saw it (errseq), so a later one could miss an error.
     dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | O_CLOEXEC)
     try:
         syncs, fsyncs = [], []
