@@ -17,6 +17,14 @@ ROUNDS = 3
 _PAGE = b"f" * 4096
 
 
+class _SyncfsFailed(Exception):
+    """syncfs itself failed (not the writes around it); carries the OSError."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 def check_flush_path(ctx: Context) -> tuple[Verdict, str]:
     """Never a failure: where castore does not share a syncfs it takes the precise path, which
     the required fsync checks already cover; a syncfs that fails here is a warning to opt out."""
@@ -32,11 +40,11 @@ def check_flush_path(ctx: Context) -> tuple[Verdict, str]:
         )
     try:
         syncfs_s, fsync_s = _time_flushes(ctx.a)
-    except OSError as exc:
+    except _SyncfsFailed as failed:
         return "warn", (
-            f"{policy.reason}, but syncfs here failed with {describe(exc)}: commits that share "
-            f"a flush would fail; set {flushpolicy.ENV}=fsync so that every commit flushes its "
-            "own files"
+            f"{policy.reason}, but syncfs here failed with {describe(failed.error)}: commits "
+            f"that share a flush would fail; set {flushpolicy.ENV}=fsync so that every commit "
+            "flushes its own files"
         )
     return "ok", (
         f"{policy.reason} (a lone commit still fsyncs its own files); syncfs here works: "
@@ -56,7 +64,10 @@ def _time_flushes(directory: str) -> tuple[float, float]:
         for n in range(ROUNDS):
             os.close(_dirty_file(os.path.join(directory, f"syncfs-{n}")))
             started = time.perf_counter()
-            fsio.syncfs(dir_fd)
+            try:
+                fsio.syncfs(dir_fd)
+            except OSError as exc:
+                raise _SyncfsFailed(exc) from exc
             syncs.append(time.perf_counter() - started)
             fd = _dirty_file(os.path.join(directory, f"fsync-{n}"))
             try:
