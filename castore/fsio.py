@@ -14,7 +14,6 @@ turn an absent file into what it means for them (no store, a missing object, no 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import functools
 import os
@@ -555,28 +554,38 @@ def replace_file(directory: str, name: str, data: bytes, mode: int = OBJECT_MODE
     fsync_dir(directory)
 
 
+@functools.cache
 def _libc_syncfs() -> Callable[[int], int] | None:
+    """libc's syncfs(2), or None where the C library lacks it (glibc before 2.14, non-Linux)."""
+    import ctypes  # noqa: PLC0415 -- only group commit needs it, not every import of fsio
+
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        function: Callable[[int], int] = libc.syncfs
+        function = ctypes.CDLL(None, use_errno=True).syncfs
     except (OSError, AttributeError):
         return None
-    return function
+    function.argtypes = [ctypes.c_int]
+    function.restype = ctypes.c_int
 
+    def call(fd: int) -> int:
+        if function(fd) == -1:
+            return ctypes.get_errno() or errno.EIO
+        return 0
 
-_SYNCFS = _libc_syncfs()
+    return call
 
 
 def syncfs_available() -> bool:
-    """True if this system's libc has syncfs(2)."""
-    return _SYNCFS is not None
+    """True when libc offers syncfs(2), so one call can flush a whole filesystem."""
+    return _libc_syncfs() is not None
 
 
 def syncfs(fd: int) -> None:
-    """Flush the whole filesystem holding `fd` (data and names); OSError if it fails. The
-    only syncfs castore makes (groupflush.py), so the power-loss recorder can see it."""
-    if _SYNCFS is None:
-        raise OSError(errno.ENOSYS, "syncfs is not available on this system")
-    if _SYNCFS(fd) != 0:
-        code = ctypes.get_errno()
+    """Flush every dirty file of the filesystem holding `fd` (syncfs(2)); OSError with its errno
+    on failure (from Linux 5.8 on that includes write-back errors of files nobody fsynced).
+    The only syncfs castore makes (groupflush.py), so the power-loss recorder can see it."""
+    function = _libc_syncfs()
+    if function is None:
+        raise OSError(errno.ENOSYS, "this C library has no syncfs")
+    code = function(fd)
+    if code:
         raise OSError(code, os.strerror(code))

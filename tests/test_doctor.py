@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 from sshfs import SshfsPair, mount_sshfs_pair
 
-from castore import doctor
-from castore.doctor import run_doctor
+from castore import doctor, flushpolicy, fsio, mountinfo
+from castore.cli import main
+from castore.doctor import flush, run_doctor
 from castore.errors import UsageError
 
 REQUIRED = {
@@ -135,6 +136,132 @@ def test_peer_that_is_another_directory_fails(
     assert _listing(other) == []
 
 
+# --- flush-path: how commits are made durable here ---------------------------------------------
+
+
+def _filesystem_is(fstype: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """flushpolicy sees `fstype` on a Linux 6.1 host, CASTORE_FLUSH unset; the doctor's own
+    filesystem check still reads the real mount table."""
+    monkeypatch.delenv(flushpolicy.ENV, raising=False)
+    monkeypatch.setattr(mountinfo, "mount_of", lambda path: (fstype, "/dev/x", "/"))
+    monkeypatch.setattr(
+        os, "uname", lambda: os.uname_result(("Linux", "h", "6.1.0", "#1", "x86_64"))
+    )
+
+
+def _recording_syncfs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Record the st_mode of every descriptor fsio.syncfs is given, then really call it."""
+    calls: list[int] = []
+    real_syncfs = fsio.syncfs
+
+    def syncfs(fd: int) -> None:
+        calls.append(os.fstat(fd).st_mode)
+        real_syncfs(fd)
+
+    monkeypatch.setattr(fsio, "syncfs", syncfs)
+    return calls
+
+
+def test_flush_path_on_a_local_disk_times_syncfs_against_fsync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where commits share a syncfs, flush-path says so, runs syncfs on the checked directory's
+    filesystem and reports its time next to one file's fsync."""
+    if not fsio.syncfs_available():
+        pytest.skip("this C library has no syncfs")
+    _filesystem_is("ext4", monkeypatch)
+    calls = _recording_syncfs(monkeypatch)
+
+    report = run_doctor(tmp_path)
+
+    check = report.check("flush-path")
+    assert ("ok", False) == (check.verdict, check.required)
+    assert check.detail.startswith("ext4 on a local disk: concurrent commits share one syncfs")
+    assert "syncfs here works: " in check.detail
+    assert f"for one file's fsync (median of {flush.ROUNDS})" in check.detail
+    assert [stat.S_IFDIR] * flush.ROUNDS == [stat.S_IFMT(mode) for mode in calls]
+    assert report.safe
+    assert _listing(tmp_path) == []
+
+
+def test_flush_path_warns_but_stays_safe_when_syncfs_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A syncfs that fails is a warning naming the error and CASTORE_FLUSH=fsync, never
+    'unsafe': every commit can still take its own fsyncs."""
+    _filesystem_is("xfs", monkeypatch)
+    monkeypatch.setattr(fsio, "syncfs_available", lambda: True)
+
+    def failing_syncfs(fd: int) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(fsio, "syncfs", failing_syncfs)
+    report = run_doctor(tmp_path)
+
+    check = report.check("flush-path")
+    assert "warn" == check.verdict
+    assert "syncfs here failed with EIO" in check.detail
+    assert "set CASTORE_FLUSH=fsync" in check.detail
+    assert report.safe
+    assert "safe for castore" in report.to_text()
+
+
+@pytest.mark.parametrize("fstype", ["fuse.sshfs", "fuse.glusterfs", "nfs4", "ceph"])
+def test_flush_path_on_fuse_and_network_filesystems_flushes_file_by_file(
+    fstype: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On FUSE and network filesystems flush-path says castore flushes file by file and relies
+    on the directory fsync, and never calls syncfs there."""
+    _filesystem_is(fstype, monkeypatch)
+    calls = _recording_syncfs(monkeypatch)
+
+    report = run_doctor(tmp_path)
+
+    check = report.check("flush-path")
+    assert "ok" == check.verdict
+    assert check.detail.startswith(f"{fstype}: ")
+    assert "castore flushes file by file here" in check.detail
+    assert "the directory-fsync check is what it relies on" in check.detail
+    assert [] == calls
+    assert report.safe
+
+
+def test_flush_path_names_a_forced_fsync_and_an_unknown_mode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CASTORE_FLUSH=fsync is reported as the reason for flushing file by file; an unknown
+    value is a warning that names the allowed values, and the verdict stays safe."""
+    _filesystem_is("ext4", monkeypatch)
+    monkeypatch.setenv(flushpolicy.ENV, "fsync")
+    forced = run_doctor(tmp_path).check("flush-path")
+    assert "ok" == forced.verdict
+    assert forced.detail.startswith("CASTORE_FLUSH=fsync: every commit flushes its own files")
+
+    monkeypatch.setenv(flushpolicy.ENV, "always")
+    report = run_doctor(tmp_path)
+    check = report.check("flush-path")
+    assert "warn" == check.verdict
+    assert "CASTORE_FLUSH='always' is not a flush mode" in check.detail
+    assert "'auto'" in check.detail
+    assert "'fsync'" in check.detail
+    assert report.safe
+
+
+def test_doctor_json_includes_flush_path(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`castore doctor --json` lists flush-path as an informational check, after the others,
+    whose detail is the policy decided for that directory."""
+    assert 0 == main(["doctor", str(tmp_path), "--json"])
+    report = json.loads(capsys.readouterr().out)
+    checks = {c["name"]: c for c in report["checks"]}
+    assert "flush-path" == report["checks"][-1]["name"]
+    assert (False, True) == (checks["flush-path"]["required"], report["safe"])
+    assert checks["flush-path"]["verdict"] in ("ok", "warn")
+    reason = flushpolicy.decide(str(tmp_path)).reason
+    assert checks["flush-path"]["detail"].startswith(reason)
+
+
 # --- across two sshfs clients of one export -----------------------------------------------------
 
 
@@ -180,6 +307,10 @@ def test_doctor_on_one_sshfs_client(sshfs_pair: SshfsPair) -> None:
     assert report.check("exclusive-create-race").verdict == "ok"
     assert report.check("link-race").verdict == "ok"
     assert report.check("flock-coherent").verdict == "ok"
+    flush_path = report.check("flush-path")
+    assert "ok" == flush_path.verdict
+    assert flush_path.detail.startswith("fuse.sshfs: a FUSE server may ignore syncfs")
+    assert "castore flushes file by file here" in flush_path.detail
     assert _listing(export) == []
 
 

@@ -204,7 +204,7 @@ def test_doctor_across_the_two_clients_says_safe(
     two_mounts: TwoMounts, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`castore doctor PATH --peer PATH2 --json` on the two mounts: safe, flock reported as
-    coherent exactly where it is."""
+    coherent exactly where it is, and commits flushed file by file (FUSE)."""
     if two_mounts.engine == "gluster-default":
         pytest.skip("doctor on default-cache Gluster: ten runs in a row, in a test of its own")
     _, mount_a, mount_b = two_mounts.new_dir("doctor")
@@ -215,6 +215,9 @@ def test_doctor_across_the_two_clients_says_safe(
     assert (True, flock) == (report["safe"], verdicts["flock-coherent"])
     assert "ok" == verdicts["link-exclusive"]
     assert verdicts["link-race"] in {"ok", "warn"}  # warn: losers see EPERM, not EEXIST
+    flush_path = next(check for check in report["checks"] if check["name"] == "flush-path")
+    assert "ok" == flush_path["verdict"]  # every engine here is FUSE: no shared syncfs
+    assert "castore flushes file by file here" in flush_path["detail"]
 
 
 def test_watch_polling_on_one_client_sees_an_effect_left_unresolved_on_the_other(

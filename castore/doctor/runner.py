@@ -18,6 +18,7 @@ from castore.doctor.files import (
     check_flock,
     check_o_nofollow,
 )
+from castore.doctor.flush import check_flush_path
 from castore.doctor.mounts import check_filesystem
 from castore.doctor.names import (
     check_exclusive_create,
@@ -50,6 +51,7 @@ _CHECKS: list[tuple[str, bool, Callable[[Context], tuple[Verdict, str]]]] = [
     ("flock-coherent", False, check_flock),
     ("unlink-visible", False, check_unlink_visible),
     ("rename-no-gap", False, check_rename_no_gap),
+    ("flush-path", False, check_flush_path),
 ]
 
 
