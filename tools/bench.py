@@ -37,6 +37,7 @@ The last lines are key=value pairs.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import shutil
@@ -58,7 +59,7 @@ from castore import Store
 from castore.mountinfo import mount_of
 
 try:  # the group-commit policy lands with issue 16; before it every flush is an fsync
-    from castore import flushpolicy
+    flushpolicy: Any = importlib.import_module("castore.flushpolicy")
 except ImportError:
     flushpolicy = None
 
@@ -133,89 +134,80 @@ def one_round(store: Store, label: str, batch: int) -> dict[str, Any]:
     return {"commit": commit, "agents8": rate, "agents8_commit": latencies, "async": rate_async}
 
 
-def run_rounds(base: str, rounds: int, batch: int, compare: bool) -> tuple[Samples, bool]:
-    store = Store.init(os.path.join(base, "store"))
-    run = store.start("bench", c.fixed_plan("bench", rounds * batch + 10))
-    commit = c.step_committer(run)
-    commit()
-    effects = c.Effects(store, rounds * batch + 10)
-    floor = c.FlushFloor(base)
-    create = c.CreateFloor(base)
-    samples = Samples()
-    parts: list[tuple[str, Callable[[int], None]]] = [
-        ("commit", lambda _: samples.latencies("commit", c.timed(commit, batch))),
-        ("flush_floor", lambda _: samples.latencies("flush_floor", c.timed(floor.commit, batch))),
-        (
-            "create_floor",
-            lambda _: samples.latencies("create_floor", c.timed(create.commit, batch)),
-        ),
-        ("perform", lambda _: samples.latencies("perform", c.timed(effects.perform, batch))),
-        ("bare_send", lambda _: samples.latencies("bare_send", c.timed(effects.bare_send, batch))),
-    ]
+class Rounds:
+    """Every contender, set up once; `part(name)` runs one batch of it into `samples`."""
 
-    def agents8(round_no: int) -> None:
-        rate, latencies = c.castore_agents(store, f"r{round_no}", batch)
-        samples.rate("agents8", rate)
-        samples.latencies("agents8_commit", latencies)
+    def __init__(self, base: str, rounds: int, batch: int, compare: bool) -> None:
+        self.base, self.batch = base, batch
+        self.store = Store.init(os.path.join(base, "store"))
+        self.run = self.store.start("bench", c.fixed_plan("bench", rounds * batch + 10))
+        self.commit = c.step_committer(self.run)
+        self.commit()  # the first commit's lazy imports stay out of the timing
+        self.effects = c.Effects(self.store, rounds * batch + 10)
+        self.floor = c.FlushFloor(base)
+        self.create = c.CreateFloor(base)
+        self.samples = Samples()
+        self.parts = ["commit", "flush_floor", "create_floor", "perform", "bare_send"]
+        self.parts += ["agents8", "agents8_async"]
+        try:
+            self.lg = c.LangGraphThread(c.langgraph_saver(os.path.join(base, "lg.sqlite")), "lg")
+            lge = c.langgraph_saver(os.path.join(base, "lge.sqlite"))
+            self.lg_effect = c.LangGraphThread(lge, "fx")
+            self.lg8 = c.LangGraphAgents(base)
+            self.parts += ["langgraph_put", "langgraph_effect"]
+            self.parts += [f"langgraph8_{config}" for config in c.LangGraphAgents.CONFIGS]
+            self.have_langgraph = True
+        except ImportError:
+            self.have_langgraph = False
+            print("langgraph-checkpoint-sqlite missing: pip install -e '.[bench]'", file=sys.stderr)
+        if compare:
+            self.parts.append("fsyncmode")
 
-    parts.append(("agents8", agents8))
-    parts.append(
-        (
-            "agents8_async",
-            lambda r: samples.rate("agents8_async", c.castore_agents_async(store, f"r{r}", batch)),
-        )
-    )
-    have_langgraph = True
-    try:
-        lg = c.LangGraphThread(c.langgraph_saver(os.path.join(base, "lg.sqlite")), "bench")
-        lg_effect = c.LangGraphThread(c.langgraph_saver(os.path.join(base, "lge.sqlite")), "fx")
-        lg8 = c.LangGraphAgents(base)
-    except ImportError:
-        have_langgraph = False
-        print(
-            "langgraph-checkpoint-sqlite not installed: pip install -e '.[bench]'", file=sys.stderr
-        )
-    if have_langgraph:
-        parts.append(
-            ("langgraph_put", lambda _: samples.latencies("langgraph_put", c.timed(lg.put, batch)))
-        )
-        parts.append(
-            (
-                "langgraph_effect",
-                lambda _: samples.latencies(
-                    "langgraph_effect",
-                    c.timed(lambda: lg_effect.effect(effects.ledger.send), batch),
-                ),
-            )
-        )
-        for config in c.LangGraphAgents.CONFIGS:
-            parts.append(
-                (
-                    f"langgraph8_{config}",
-                    lambda _, config=config: samples.rate(
-                        f"langgraph8_{config}", lg8.commits_per_s(config, batch)
-                    ),
-                )
-            )
-    if compare:
+    def latencies(self, name: str, call: Callable[[], object]) -> None:
+        self.samples.latencies(name, c.timed(call, self.batch))
 
-        def fsyncmode(round_no: int) -> None:
-            result = fsyncmode_round(base, f"r{round_no}", batch)
-            samples.latencies("commit_fsyncmode", result["commit"])
-            samples.rate("agents8_fsyncmode", result["agents8"])
-            samples.latencies("agents8_commit_fsyncmode", result["agents8_commit"])
-            samples.rate("agents8_async_fsyncmode", result["async"])
+    def part(self, name: str, label: str) -> None:
+        if name == "commit":
+            self.latencies(name, self.commit)
+        elif name == "flush_floor":
+            self.latencies(name, self.floor.commit)
+        elif name == "create_floor":
+            self.latencies(name, self.create.commit)
+        elif name == "perform":
+            self.latencies(name, self.effects.perform)
+        elif name == "bare_send":
+            self.latencies(name, self.effects.bare_send)
+        elif name == "langgraph_put":
+            self.latencies(name, self.lg.put)
+        elif name == "langgraph_effect":
+            self.latencies(name, lambda: self.lg_effect.effect(self.effects.ledger.send))
+        elif name == "agents8":
+            rate, latencies = c.castore_agents(self.store, label, self.batch)
+            self.samples.rate(name, rate)
+            self.samples.latencies("agents8_commit", latencies)
+        elif name == "agents8_async":
+            self.samples.rate(name, c.castore_agents_async(self.store, label, self.batch))
+        elif name.startswith("langgraph8_"):
+            config = name.removeprefix("langgraph8_")
+            self.samples.rate(name, self.lg8.commits_per_s(config, self.batch))
+        else:
+            assert name == "fsyncmode", name
+            result = fsyncmode_round(self.base, label, self.batch)
+            self.samples.latencies("commit_fsyncmode", result["commit"])
+            self.samples.rate("agents8_fsyncmode", result["agents8"])
+            self.samples.latencies("agents8_commit_fsyncmode", result["agents8_commit"])
+            self.samples.rate("agents8_async_fsyncmode", result["async"])
 
-        parts.append(("fsyncmode", fsyncmode))
-    for round_no in range(rounds):
-        shift = round_no % len(parts)
-        for _, part in parts[shift:] + parts[:shift]:
-            part(round_no)
-    snapshot_bytes = len(run._slots.read(run.head.seq))
-    run.close()
-    effects.run.close()
-    samples.rate("snapshot_bytes", snapshot_bytes)
-    return samples, have_langgraph
+    def all(self, rounds: int) -> Samples:
+        """`rounds` rounds, each contender once per round in an order rotated each round."""
+        for round_no in range(rounds):
+            shift = round_no % len(self.parts)
+            for name in self.parts[shift:] + self.parts[:shift]:
+                self.part(name, f"r{round_no}")
+        self.samples.rate("snapshot_bytes", len(self.run._slots.read(self.run.head.seq)))
+        self.run.close()
+        self.effects.run.close()
+        return self.samples
 
 
 def flush_counts(base: str, count: int, env: dict[str, str], suffix: str) -> dict[str, float]:
@@ -344,7 +336,9 @@ def main() -> int:
     started = time.monotonic()
     try:
         mode = flush_mode(base)
-        samples, have_langgraph = run_rounds(base, args.rounds, args.batch, args.compare_flush)
+        contenders = Rounds(base, args.rounds, args.batch, args.compare_flush)
+        have_langgraph = contenders.have_langgraph
+        samples = contenders.all(args.rounds)
         out = results(samples, have_langgraph, args.compare_flush)
         out.update(flush_counts(base, args.strace_commits, dict(os.environ), ""))
         if args.compare_flush:
@@ -392,7 +386,7 @@ def main() -> int:
     out["strace_commits"] = args.strace_commits
     out["elapsed_s"] = time.monotonic() - started
     for key, value in out.items():
-        print(f"{key}={value:.4g}")
+        print(f"{key}={value:.0f}" if abs(value) >= 10_000 else f"{key}={value:.4g}")
     return 0
 
 

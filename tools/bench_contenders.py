@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -162,7 +162,7 @@ class LangGraphAgents:
         return in_threads([thread.put for thread in threads], batch)[0]
 
 
-def in_threads(commits: list[Callable[[], object]], batch: int) -> tuple[float, list[float]]:
+def in_threads(commits: Sequence[Callable[[], object]], batch: int) -> tuple[float, list[float]]:
     """Run each `commit` `batch` times in its own thread, all released at once: (commits/s
     over the wall time, every commit's latency in µs)."""
     barrier = threading.Barrier(len(commits) + 1, timeout=120)
