@@ -1,11 +1,13 @@
 """Benchmark castore's commit path against LangGraph and the disk's own flush, side by side.
 
     python tools/bench.py [--rounds 9] [--batch 200] [--dir PATH] [--quick] [--compare-flush]
+                          [--json PATH]
 
 Every contender runs one batch per round, in an order that rotates round by round, so the
 machine's noise hits all alike. A latency key is the median over rounds of each round's p50;
-its `_p99_us` is the p99 of all its calls pooled. A ratio is the ratio of those medians
-(below 1: castore is faster / lighter).
+its `_p99_us` is the p99 of all its calls pooled. A ratio is the median over rounds of the
+round's ratio (the pair ran seconds apart, so drifting load divides out); below 1 for a
+latency, above 1 for a throughput, castore is ahead.
 
   commit            castore run.commit_step of one plan step, durable before it returns
   langgraph_put     LangGraph SqliteSaver.put (WAL, synchronous=FULL), the `bench` extra
@@ -107,6 +109,12 @@ class Samples:
 
     def p99(self, name: str) -> float:
         return c.percentile(self.pooled[name], 99)
+
+    def ratio(self, top: str, bottom: str) -> float:
+        """The median of the rounds' top ÷ bottom: each pair ran seconds apart, so a load that
+        drifts over the run divides out."""
+        pairs = zip(self.rounds[top], self.rounds[bottom], strict=True)
+        return statistics.median(a / b for a, b in pairs)
 
 
 def child_command(*args: str) -> list[str]:
@@ -250,7 +258,7 @@ def bench_resume(base: str, length: int) -> float:
 
 
 def results(samples: Samples, have_langgraph: bool, compare: bool) -> dict[str, float]:
-    m, p99 = samples.median, samples.p99
+    m, p99, ratio = samples.median, samples.p99, samples.ratio
     out: dict[str, float] = {"snapshot_bytes": m("snapshot_bytes")}
     for name in ("commit", "langgraph_put", "flush_floor", "create_floor", "perform"):
         if name in samples.rounds:
@@ -258,25 +266,24 @@ def results(samples: Samples, have_langgraph: bool, compare: bool) -> dict[str, 
             out[f"{name}_p99_us"] = p99(name)
     out["bare_send_us"] = m("bare_send")
     out["perform_overhead_us"] = m("perform") - m("bare_send")
-    out["commit_vs_flush_floor"] = m("commit") / m("flush_floor")
-    out["commit_vs_create_floor"] = m("commit") / m("create_floor")
+    out["commit_vs_flush_floor"] = ratio("commit", "flush_floor")
+    out["commit_vs_create_floor"] = ratio("commit", "create_floor")
     out["agents8_commits_per_s"] = m("agents8")
     out["agents8_commit_us"] = m("agents8_commit")
     out["agents8_commit_p99_us"] = p99("agents8_commit")
     out["agents8_async_commits_per_s"] = m("agents8_async")
     if have_langgraph:
-        out["commit_vs_langgraph"] = m("commit") / m("langgraph_put")
+        out["commit_vs_langgraph"] = ratio("commit", "langgraph_put")
         out["langgraph_effect_us"] = m("langgraph_effect")
         out["langgraph_effect_p99_us"] = p99("langgraph_effect")
-        out["perform_vs_langgraph"] = m("perform") / m("langgraph_effect")
-        out["perform_vs_langgraph_put"] = m("perform") / m("langgraph_put")
-        best = 0.0
+        out["perform_vs_langgraph"] = ratio("perform", "langgraph_effect")
+        out["perform_vs_langgraph_put"] = ratio("perform", "langgraph_put")
         for config in c.LangGraphAgents.CONFIGS:
-            rate = out[f"langgraph8_{config}_commits_per_s"] = m(f"langgraph8_{config}")
-            best = max(best, rate)
-        out["langgraph8_best_commits_per_s"] = best
-        out["agents8_vs_langgraph"] = m("agents8") / best
-        out["agents8_async_vs_langgraph"] = m("agents8_async") / best
+            out[f"langgraph8_{config}_commits_per_s"] = m(f"langgraph8_{config}")
+        best = f"langgraph8_{best_langgraph8(samples)}"
+        out["langgraph8_best_commits_per_s"] = m(best)
+        out["agents8_vs_langgraph"] = ratio("agents8", best)
+        out["agents8_async_vs_langgraph"] = ratio("agents8_async", best)
     if compare:
         out["commit_us_fsyncmode"] = m("commit_fsyncmode")
         out["commit_p99_us_fsyncmode"] = p99("commit_fsyncmode")
@@ -284,10 +291,15 @@ def results(samples: Samples, have_langgraph: bool, compare: bool) -> dict[str, 
         out["agents8_commit_p99_us_fsyncmode"] = p99("agents8_commit_fsyncmode")
         out["agents8_async_commits_per_s_fsyncmode"] = m("agents8_async_fsyncmode")
         if have_langgraph:
-            out["commit_vs_langgraph_fsyncmode"] = m("commit_fsyncmode") / m("langgraph_put")
-            best = out["langgraph8_best_commits_per_s"]
-            out["agents8_vs_langgraph_fsyncmode"] = m("agents8_fsyncmode") / best
+            out["commit_vs_langgraph_fsyncmode"] = ratio("commit_fsyncmode", "langgraph_put")
+            best = f"langgraph8_{best_langgraph8(samples)}"
+            out["agents8_vs_langgraph_fsyncmode"] = ratio("agents8_fsyncmode", best)
     return out
+
+
+def best_langgraph8(samples: Samples) -> str:
+    """LangGraph's best configuration for 8 agents in this run (by its median)."""
+    return max(c.LangGraphAgents.CONFIGS, key=lambda x: samples.median(f"langgraph8_{x}"))
 
 
 def child_main(args: argparse.Namespace) -> int:
@@ -312,6 +324,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--compare-flush", action="store_true", help="also with CASTORE_FLUSH=fsync"
     )
+    parser.add_argument("--json", default=None, help="also write each round's numbers here")
     parser.add_argument("--strace-commits", type=int, default=None, help="N (200; --quick 20)")
     parser.add_argument("--child", choices=("commits", "round"), help=argparse.SUPPRESS)
     parser.add_argument("--count", type=int, default=0, help=argparse.SUPPRESS)
@@ -379,12 +392,13 @@ def main() -> int:
     print(f"fstype={where}")
     print(f"castore_flush_env={os.environ.get('CASTORE_FLUSH', '')}")
     if have_langgraph:
-        best = max(c.LangGraphAgents.CONFIGS, key=lambda x: out[f"langgraph8_{x}_commits_per_s"])
-        print(f"langgraph8_best_config={best}")
+        print(f"langgraph8_best_config={best_langgraph8(samples)}")
     out["rounds"] = args.rounds
     out["batch"] = args.batch
     out["strace_commits"] = args.strace_commits
     out["elapsed_s"] = time.monotonic() - started
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rounds": samples.rounds, "results": out}))
     for key, value in out.items():
         print(f"{key}={value:.0f}" if abs(value) >= 10_000 else f"{key}={value:.4g}")
     return 0
