@@ -25,14 +25,19 @@ latency, above 1 for a throughput, castore is ahead.
                     8 threads sharing one SqliteSaver, 8 threads with 8 databases;
                     agents8_vs_langgraph = agents8 ÷ the best of the three in this run
 
-fsyncs_per_commit counts fsync + fdatasync + syncfs of a child process under `strace -f -c`
-over N commits (the difference between 10+N and 10 commits, so start-up cancels), divided by
-N; syscalls_per_commit is strace's total the same way; agents8_fsyncs_per_commit likewise with
-8 threads committing at once. The children inherit the environment (CASTORE_FLUSH=fsync
-included). flush_mode is the store's flush policy (castore.flushpolicy) or "fsync" before it
-exists. --compare-flush also runs the commit and agents8 parts in a child process with
-CASTORE_FLUSH=fsync, one batch per round in the same rotation (keys ending _fsyncmode).
+fsyncs_per_commit counts every flush (fsync + fdatasync + syncfs; syncfs_per_commit alone) of
+a child process under `strace -f -c` over N commits (the difference between 10+N and 10
+commits, so start-up cancels), divided by N; syscalls_per_commit is strace's total the same
+way (syscalls_nofutex_per_commit without futex, which lock waits make noisy);
+agents8_fsyncs_per_commit likewise with 8 threads committing at once (strace slows every
+syscall, so a group commit's rounds batch differently than in the timed run). The children
+inherit the environment, CASTORE_FLUSH=fsync included. flush_mode is the store's flush policy
+(castore.flushpolicy: shared or fsync, and its reason), or "fsync" where that module does not
+exist. --compare-flush also runs the commit and agents8 parts with CASTORE_FLUSH=fsync, in a
+child process (new tasks each round) as one more contender of the rotation: keys *_fsyncmode.
 Resume: open + verify the chain of a task of 100, 1,000 and 10,000 snapshots (not --quick).
+Scratch stores go under --dir, else the temp dir if it is on the cwd's filesystem and not in
+memory, else the cwd; they are removed at the end.
 The last lines are key=value pairs.
 """
 
@@ -235,6 +240,7 @@ def flush_counts(base: str, count: int, env: dict[str, str], suffix: str) -> dic
         out[f"{prefix}fsyncs_per_commit{suffix}"] = counts["fsyncs"]
         out[f"{prefix}syncfs_per_commit{suffix}"] = counts["syncfs"]
         out[f"{prefix}syscalls_per_commit{suffix}"] = counts["syscalls"]
+        out[f"{prefix}syscalls_nofutex_per_commit{suffix}"] = counts["syscalls_nofutex"]
     return out
 
 
