@@ -352,7 +352,7 @@ def main() -> int:
         print("--compare-flush compares with CASTORE_FLUSH=fsync: unset it first", file=sys.stderr)
         return 2
     base = tempfile.mkdtemp(prefix="castore-bench-", dir=scratch_parent(args.dir))
-    started = time.monotonic()
+    started, load_start = time.monotonic(), os.getloadavg()[0]
     try:
         mode = flush_mode(base)
         contenders = Rounds(base, args.rounds, args.batch, args.compare_flush)
@@ -403,6 +403,8 @@ def main() -> int:
     out["batch"] = args.batch
     out["strace_commits"] = args.strace_commits
     out["elapsed_s"] = time.monotonic() - started
+    # Other tenants of the machine: a run under heavy load is worth repeating.
+    out["load1_start"], out["load1_end"] = load_start, os.getloadavg()[0]
     if args.json:
         Path(args.json).write_text(json.dumps({"rounds": samples.rounds, "results": out}))
     for key, value in out.items():
