@@ -49,6 +49,10 @@ class GroupFlush:
         self._running: _Round | None = None  # the flush in progress (precise or shared)
         self._next: _Round | None = None  # callers waiting for the flush after it
         self._root_fd: int | None = None
+        if policy.shared:
+            # Opened before any write it must answer for: syncfs reports a write-back error
+            # only to descriptors opened before the error (the superblock's errseq).
+            self._root_fd = fsio.open_directory(root)
         self.rounds = 0  # shared flushes made (syncfs calls): for tests and the benchmark
         self.precise = 0  # flushes a lone caller made for itself
 
@@ -141,7 +145,7 @@ def for_store(root: str) -> GroupFlush:
     try:
         device = os.stat(root).st_dev
     except OSError:
-        return GroupFlush(root, decide(root))  # the store's own open reports the problem
+        return GroupFlush(root, FlushPolicy(False, None, "the store cannot be looked at"))
     with _BY_DEVICE_LOCK:
         found = _BY_DEVICE.get(device)
         if found is None or found[0] != os.getpid():

@@ -126,6 +126,11 @@ class TaskCheck:
         self._walk(chain_dir, present, slots)
         if self._head is not None and (self._head[1].sealed is not None or self.mark):
             check_sealed(self, self._head, self.mark, self._slot_ids())
+        if self.mark is not None:
+            # A slot at or below the mark is one pruning has yet to remove: the pack holds its
+            # bytes (check_sealed reports a slot that disagrees), so its next slot, maybe
+            # pruned already, need not vouch for it.
+            self.doubted = {seq for seq in self.doubted if seq > self.mark.through}
         return self.found
 
     def _gaps(self, present: list[int]) -> None:
