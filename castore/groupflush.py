@@ -30,13 +30,17 @@ from castore.flushpolicy import FlushPolicy, decide
 
 
 class _Round:
-    """The callers one syncfs covers; `error` is what that syncfs raised (None: durable)."""
+    """The callers one syncfs covers; `error` is what that syncfs raised (None: durable).
+    Its members sleep on their own events: a flush's end wakes its round and the next
+    round's leader, not every waiting thread."""
 
-    __slots__ = ("done", "error")
+    __slots__ = ("done", "error", "finished", "may_lead")
 
     def __init__(self) -> None:
         self.done = False
         self.error: OSError | None = None
+        self.finished = threading.Event()  # set when the round's flush is over
+        self.may_lead = threading.Event()  # set when its leader may start the flush
 
 
 class GroupFlush:
@@ -45,7 +49,7 @@ class GroupFlush:
     def __init__(self, root: str, policy: FlushPolicy) -> None:
         self.root = root
         self.policy = policy
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
         self._running: _Round | None = None  # the flush in progress (precise or shared)
         self._next: _Round | None = None  # callers waiting for the flush after it
         self._root_fd: int | None = None
@@ -97,31 +101,34 @@ class GroupFlush:
         except OSError as exc:
             error = exc
         finally:
-            with self._cond:
+            with self._lock:
                 mine.done, mine.error = True, error
-                self._running = None
-                self._cond.notify_all()
+                self._running, self._next = self._next, None
+                if self._running is not None:
+                    self._running.may_lead.set()  # its first member leads it
+            mine.finished.set()
         if error is not None:
             raise error
 
     def _join(self) -> tuple[_Round, bool] | None:
         """The round this caller leads, and whether it is alone (nothing running, nobody
         waiting: a precise flush is enough); None once a round covering it completed."""
-        with self._cond:
-            if self._running is None and self._next is None:
+        with self._lock:
+            if self._running is None:
                 self._running = _Round()
                 return self._running, True
             if self._next is None:
-                self._next = _Round()
-            mine = self._next
-            while not mine.done:
-                if self._running is None and self._next is mine:
-                    self._running, self._next = mine, None
-                    return mine, False
-                self._cond.wait()
-            if mine.error is not None:
-                raise _copy(mine.error)
-            return None
+                self._next = mine = _Round()
+                leads = True
+            else:
+                mine, leads = self._next, False
+        if leads:
+            mine.may_lead.wait()
+            return mine, False
+        mine.finished.wait()
+        if mine.error is not None:
+            raise _copy(mine.error)
+        return None
 
     def _fd(self) -> int:
         if self._root_fd is None:

@@ -443,7 +443,7 @@ def record(base: Path, *, rounds: bool = False, **options: Any) -> list[Op]:
 
 def _always_a_round(flush: groupflush.GroupFlush) -> tuple[Any, bool]:
     """GroupFlush._join as if another committer were always waiting: a shared round."""
-    with flush._cond:
+    with flush._lock:
         flush._running = groupflush._Round()  # the workload is one thread: nothing else runs
         return flush._running, False
 
