@@ -140,9 +140,9 @@ def test_peer_that_is_another_directory_fails(
 
 
 def _filesystem_is(fstype: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """flushpolicy sees `fstype` on a Linux 6.1 host, CASTORE_FLUSH unset; the doctor's own
+    """flushpolicy sees `fstype` on a Linux 6.1 host, CASTORE_FLUSH=syncfs; the doctor's own
     filesystem check still reads the real mount table."""
-    monkeypatch.delenv(flushpolicy.ENV, raising=False)
+    monkeypatch.setenv(flushpolicy.ENV, "syncfs")
     monkeypatch.setattr(mountinfo, "mount_of", lambda path: (fstype, "/dev/x", "/"))
     monkeypatch.setattr(
         os, "uname", lambda: os.uname_result(("Linux", "h", "6.1.0", "#1", "x86_64"))

@@ -20,7 +20,7 @@ def _uname(release: str) -> os.uname_result:
 @pytest.fixture
 def machine(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     """A Linux 6.1 host whose libc has syncfs, CASTORE_FLUSH unset, the store on ext4."""
-    monkeypatch.delenv(flushpolicy.ENV, raising=False)
+    monkeypatch.setenv(flushpolicy.ENV, "syncfs")
     monkeypatch.setattr(os, "uname", lambda: _uname("6.1.0-18-amd64"))
     monkeypatch.setattr(fsio, "syncfs_available", lambda: True)
     on("ext4", monkeypatch)
@@ -136,10 +136,16 @@ def test_libc_without_syncfs_does_not_share(machine: pytest.MonkeyPatch) -> None
 
 
 @pytest.mark.parametrize("value", ["", "auto"])
-def test_castore_flush_auto_or_empty_decides(value: str, machine: pytest.MonkeyPatch) -> None:
-    """CASTORE_FLUSH empty or 'auto' is the same as unset: the filesystem decides."""
+def test_castore_flush_auto_or_empty_flushes_file_by_file(
+    value: str, machine: pytest.MonkeyPatch
+) -> None:
+    """CASTORE_FLUSH empty or 'auto' (the default): no shared syncfs even where it would be
+    allowed; the reason says the journal groups concurrent fsyncs, and how to opt in."""
     machine.setenv(flushpolicy.ENV, value)
-    assert True is decide("/store").shared
+    policy = decide("/store")
+    assert (False, "ext4") == (policy.shared, policy.fstype)
+    assert "journal groups concurrent commits' fsyncs" in policy.reason
+    assert "CASTORE_FLUSH=syncfs" in policy.reason
 
 
 def test_castore_flush_fsync_never_shares(machine: pytest.MonkeyPatch) -> None:
@@ -149,7 +155,7 @@ def test_castore_flush_fsync_never_shares(machine: pytest.MonkeyPatch) -> None:
     assert expected == decide("/store")
 
 
-@pytest.mark.parametrize("value", ["syncfs", "FSYNC", "fsync "])
+@pytest.mark.parametrize("value", ["SYNCFS", "FSYNC", "fsync "])
 @pytest.mark.parametrize("fstype", ["ext4", "fuse.sshfs"])
 def test_unknown_castore_flush_is_a_usage_error(
     value: str, fstype: str, machine: pytest.MonkeyPatch
@@ -163,6 +169,7 @@ def test_unknown_castore_flush_is_a_usage_error(
     assert f"CASTORE_FLUSH={value!r} is not a flush mode" in message
     assert "'auto'" in message
     assert "'fsync'" in message
+    assert "'syncfs'" in message
 
 
 def test_decide_names_the_real_filesystem_of_a_directory(tmp_path: Path) -> None:

@@ -1172,15 +1172,7 @@ def test_self_test_without_the_temp_file_fsync_the_checker_fails(tmp_path: Path)
 
 
 def test_self_test_without_the_shared_syncfs_the_checker_fails(tmp_path: Path) -> None:
-    """The syncfs of a group commit round (groupflush.GroupFlush) removed."""
+    """The syncfs of a group commit round (groupflush.GroupFlush) and of a batch
+    (store.batch) removed."""
     result = _broken(tmp_path, rounds=True, drop_syncfs=True)
-    assert result.acks or result.invariant, f"no failure found: {result.summary()}"
-
-
-def test_self_test_without_the_syncfs_of_a_batch_the_checker_fails(tmp_path: Path) -> None:
-    """A lone writer's store.batch() flushes with syncfs (when the policy shares flushes):
-    without it the batch's objects are named before their bytes are durable."""
-    if not groupflush.for_store(str(tmp_path)).policy.shared:
-        pytest.skip("this filesystem's flushes are not shared: batches publish one by one")
-    result = _broken(tmp_path, drop_syncfs=True)
     assert result.acks or result.invariant, f"no failure found: {result.summary()}"
