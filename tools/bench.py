@@ -37,6 +37,9 @@ exist. --compare-flush runs the commit and agents8 parts in child processes inst
 without CASTORE_FLUSH and one with CASTORE_FLUSH=fsync (keys *_fsyncmode), each one more
 contender of the rotation (new tasks each round, the first commit untimed), so the two modes
 differ in nothing else; perform and the rest stay in this process.
+A `_cpu_us` key is the process's CPU time (user + system, all threads; `_sys_us` system
+alone) per call, median of rounds: on 2 cores shared with other tenants, 8 agents are bound
+by it as much as by their flushes.
 Resume: open + verify the chain of a task of 100, 1,000 and 10,000 snapshots (not --quick).
 Scratch stores go under --dir, else the temp dir if it is on the cwd's filesystem and not in
 memory, else the cwd; they are removed at the end.
@@ -49,6 +52,7 @@ import argparse
 import importlib
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -191,6 +195,17 @@ class Rounds:
         self.samples.latencies(name, c.timed(call, self.batch))
 
     def part(self, name: str, label: str) -> None:
+        """One batch of contender `name`, and the CPU time it took per commit (all threads of
+        this process: a commit's own work, besides its waits)."""
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        self.one(name, label)
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        calls = self.batch * (c.AGENTS if name.startswith(("agents8", "langgraph8_")) else 1)
+        user, system = after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime
+        self.samples.rate(f"{name}_cpu", (user + system) * 1e6 / calls)
+        self.samples.rate(f"{name}_sys", system * 1e6 / calls)
+
+    def one(self, name: str, label: str) -> None:
         if name == "commit":
             self.latencies(name, self.commit)
         elif name == "flush_floor":
@@ -283,6 +298,13 @@ def results(samples: Samples, have_langgraph: bool, compare: bool) -> dict[str, 
         if name in samples.rounds:
             out[f"{name}_us"] = m(name)
             out[f"{name}_p99_us"] = p99(name)
+    for name in ("commit", "langgraph_put", "flush_floor", "perform", "langgraph_effect"):
+        if f"{name}_cpu" in samples.rounds:
+            out[f"{name}_cpu_us"] = m(f"{name}_cpu")
+            out[f"{name}_sys_us"] = m(f"{name}_sys")
+    for name in ("agents8", "agents8_async", "langgraph8_8threads_8dbs"):
+        if f"{name}_cpu" in samples.rounds:
+            out[f"{name}_cpu_us_per_commit"] = m(f"{name}_cpu")
     out["bare_send_us"] = m("bare_send")
     out["perform_overhead_us"] = m("perform") - m("bare_send")
     out["commit_vs_flush_floor"] = ratio("commit", "flush_floor")
