@@ -78,21 +78,34 @@ def _read_slot(store: Store, slots: TaskSlots, seq: int) -> Slot:
         return Slot(seq, path, object_id, problem=exc.reason)
     except (ValueError, CastoreError) as exc:
         return Slot(seq, path, object_id, problem=f"not a valid snapshot: {exc}")
-    problem = _misplaced(store, slots.task_id, seq, object_id, snapshot)
+    problem = _misplaced(store, slots, seq, object_id, snapshot)
     return Slot(seq, path, object_id, None if problem else snapshot, problem)
 
 
 def _misplaced(
-    store: Store, task_id: str, seq: int, object_id: str, snapshot: Snapshot
+    store: Store, slots: TaskSlots, seq: int, object_id: str, snapshot: Snapshot
 ) -> str | None:
-    # The slot is a hard link to its object: in a v1 store, bytes that hash to no stored
-    # object were changed after they were written. In a v2 store a power loss may have taken
-    # the name (FORMAT.md §13, "A lost snapshot name"): the next slot's parent judges them.
-    if store.format_version < 2 and not store.objects.exists(object_id):
+    # The slot is a hard link to its object: bytes that hash to no stored object were
+    # changed after they were written, unless a power loss took the name (v2).
+    if not store.objects.exists(object_id) and not _lost_name(store, slots, seq, object_id):
         return "damaged: its bytes match no stored object"
-    if (snapshot.task, snapshot.seq) != (task_id, seq):
+    if (snapshot.task, snapshot.seq) != (slots.task_id, seq):
         return f"holds snapshot {snapshot.seq} of task {snapshot.task!r}"
     return None
+
+
+def _lost_name(store: Store, slots: TaskSlots, seq: int, object_id: str) -> bool:
+    """In a v2 store a power loss may take a snapshot's object name (FORMAT.md §13, "A lost
+    snapshot name"): the slot's bytes stand if the next slot names them as its parent, or if
+    there is no next slot (HEAD, judged by its decoding, as resume judges it)."""
+    if store.format_version < 2:
+        return False  # a v1 writer made every name durable before its slot
+    if not slots.exists(seq + 1):
+        return True
+    try:
+        return decode_snapshot(slots.read(seq + 1)).parent == object_id
+    except (OSError, ValueError, CastoreError):
+        return False  # a next slot that cannot be read vouches for nothing
 
 
 def _check_parent(slot: Slot, older: Slot | None) -> Slot:
