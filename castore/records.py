@@ -6,6 +6,8 @@ which are omitted from the encoding while None (OMIT_IF_NONE).
 
 from __future__ import annotations
 
+import functools
+
 import enum
 from typing import Any
 
@@ -209,6 +211,7 @@ class Snapshot:
         return None
 
 
+@functools.cache  # a record class's fields never change; every commit asks twice
 def omitted_fields(cls: type) -> tuple[str, ...]:
     """The fields of record class `cls` left out of its encoding while None (v2 fields)."""
     return tuple(f.name for f in attrs.fields(cls) if f.metadata.get(OMIT_IF_NONE))
