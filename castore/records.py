@@ -6,9 +6,8 @@ which are omitted from the encoding while None (OMIT_IF_NONE).
 
 from __future__ import annotations
 
-import functools
-
 import enum
+import functools
 from typing import Any
 
 import attrs
