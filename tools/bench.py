@@ -31,10 +31,11 @@ commits, so start-up cancels), divided by N; syscalls_per_commit is strace's tot
 way (syscalls_nofutex_per_commit without futex, which lock waits make noisy);
 agents8_fsyncs_per_commit likewise with 8 threads committing at once (strace slows every
 syscall, so a group commit's rounds batch differently than in the timed run). The children
-inherit the environment, CASTORE_FLUSH=fsync included. flush_mode is the store's flush policy
+inherit the environment, CASTORE_FLUSH included. flush_mode is the store's flush policy
 (castore.flushpolicy: shared or fsync, and its reason), or "fsync" where that module does not
 exist. --compare-flush runs the commit and agents8 parts in child processes instead, one
-without CASTORE_FLUSH and one with CASTORE_FLUSH=fsync (keys *_fsyncmode), each one more
+without CASTORE_FLUSH and one with CASTORE_FLUSH=syncfs, group commit's shared rounds
+(keys *_syncfsmode), each one more
 contender of the rotation (new tasks each round, the first commit untimed), so the two modes
 differ in nothing else; perform and the rest stay in this process.
 A `_cpu_us` key is the process's CPU time (user + system, all threads; `_sys_us` system
@@ -133,13 +134,13 @@ def child_command(*args: str) -> list[str]:
     return [sys.executable, str(Path(__file__).resolve()), *args]
 
 
-def child_round(base: str, label: str, batch: int, fsync: bool) -> dict[str, Any]:
-    """One batch of the commit and agents8 parts in a child process, with CASTORE_FLUSH=fsync
+def child_round(base: str, label: str, batch: int, shared: bool) -> dict[str, Any]:
+    """One batch of the commit and agents8 parts in a child process, with CASTORE_FLUSH=syncfs
     or without it (so the two modes differ in nothing else)."""
     env = {key: value for key, value in os.environ.items() if key != "CASTORE_FLUSH"}
-    if fsync:
-        env["CASTORE_FLUSH"] = "fsync"
-    where = os.path.join(base, "child-fsync" if fsync else "child-default")
+    if shared:
+        env["CASTORE_FLUSH"] = "syncfs"
+    where = os.path.join(base, "child-syncfs" if shared else "child-default")
     command = child_command(
         "--child", "round", "--batch", str(batch), "--dir", where, "--label", label
     )
@@ -189,7 +190,7 @@ class Rounds:
         if compare:
             # Both modes in child processes alike: they differ in CASTORE_FLUSH only.
             self.parts = [part for part in self.parts if part not in IN_CHILD_WHEN_COMPARING]
-            self.parts += ["defaultmode", "fsyncmode"]
+            self.parts += ["defaultmode", "syncfsmode"]
 
     def latencies(self, name: str, call: Callable[[], object]) -> None:
         self.samples.latencies(name, c.timed(call, self.batch))
@@ -230,10 +231,10 @@ class Rounds:
             config = name.removeprefix("langgraph8_")
             self.samples.rate(name, self.lg8.commits_per_s(config, self.batch))
         else:
-            assert name in {"defaultmode", "fsyncmode"}, name
-            fsync = name == "fsyncmode"
-            result = child_round(self.base, label, self.batch, fsync)
-            suffix = "_fsyncmode" if fsync else ""
+            assert name in {"defaultmode", "syncfsmode"}, name
+            shared = name == "syncfsmode"
+            result = child_round(self.base, label, self.batch, shared)
+            suffix = "_syncfsmode" if shared else ""
             self.samples.latencies(f"commit{suffix}", result["commit"])
             self.samples.rate(f"agents8{suffix}", result["agents8"])
             self.samples.latencies(f"agents8_commit{suffix}", result["agents8_commit"])
@@ -326,15 +327,15 @@ def results(samples: Samples, have_langgraph: bool, compare: bool) -> dict[str, 
         out["agents8_vs_langgraph"] = ratio("agents8", best)
         out["agents8_async_vs_langgraph"] = ratio("agents8_async", best)
     if compare:
-        out["commit_us_fsyncmode"] = m("commit_fsyncmode")
-        out["commit_p99_us_fsyncmode"] = p99("commit_fsyncmode")
-        out["agents8_commits_per_s_fsyncmode"] = m("agents8_fsyncmode")
-        out["agents8_commit_p99_us_fsyncmode"] = p99("agents8_commit_fsyncmode")
-        out["agents8_async_commits_per_s_fsyncmode"] = m("agents8_async_fsyncmode")
+        out["commit_us_syncfsmode"] = m("commit_syncfsmode")
+        out["commit_p99_us_syncfsmode"] = p99("commit_syncfsmode")
+        out["agents8_commits_per_s_syncfsmode"] = m("agents8_syncfsmode")
+        out["agents8_commit_p99_us_syncfsmode"] = p99("agents8_commit_syncfsmode")
+        out["agents8_async_commits_per_s_syncfsmode"] = m("agents8_async_syncfsmode")
         if have_langgraph:
-            out["commit_vs_langgraph_fsyncmode"] = ratio("commit_fsyncmode", "langgraph_put")
+            out["commit_vs_langgraph_syncfsmode"] = ratio("commit_syncfsmode", "langgraph_put")
             best = f"langgraph8_{best_langgraph8(samples)}"
-            out["agents8_vs_langgraph_fsyncmode"] = ratio("agents8_fsyncmode", best)
+            out["agents8_vs_langgraph_syncfsmode"] = ratio("agents8_syncfsmode", best)
     return out
 
 
@@ -363,7 +364,9 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--quick", action="store_true", help="a smoke run: few rounds, no resume")
     parser.add_argument(
-        "--compare-flush", action="store_true", help="also with CASTORE_FLUSH=fsync"
+        "--compare-flush",
+        action="store_true",
+        help="also with CASTORE_FLUSH=syncfs (shared rounds)",
     )
     parser.add_argument("--json", default=None, help="also write each round's numbers here")
     parser.add_argument("--strace-commits", type=int, default=None, help="N (200; --quick 20)")
@@ -383,8 +386,8 @@ def main() -> int:
     args = parse_args()
     if args.child:
         return child_main(args)
-    if args.compare_flush and os.environ.get("CASTORE_FLUSH") == "fsync":
-        print("--compare-flush compares with CASTORE_FLUSH=fsync: unset it first", file=sys.stderr)
+    if args.compare_flush and os.environ.get("CASTORE_FLUSH") == "syncfs":
+        print("--compare-flush compares with CASTORE_FLUSH=syncfs: unset it first", file=sys.stderr)
         return 2
     base = tempfile.mkdtemp(prefix="castore-bench-", dir=scratch_parent(args.dir))
     started, load_start = time.monotonic(), os.getloadavg()[0]
@@ -396,8 +399,8 @@ def main() -> int:
         out = results(samples, have_langgraph, args.compare_flush)
         out.update(flush_counts(base, args.strace_commits, dict(os.environ), ""))
         if args.compare_flush:
-            env = {**os.environ, "CASTORE_FLUSH": "fsync"}
-            out.update(flush_counts(base, args.strace_commits, env, "_fsyncmode"))
+            env = {**os.environ, "CASTORE_FLUSH": "syncfs"}
+            out.update(flush_counts(base, args.strace_commits, env, "_syncfsmode"))
         lengths = () if args.quick else (100, 1000, 10000)
         for length in lengths:
             label = {100: "100", 1000: "1k", 10000: "10k"}[length]
