@@ -149,12 +149,13 @@ class ObjectStore:
             while self._recent_size > _RECENT_BYTES:
                 self._recent_size -= len(self._recent.popitem(last=False)[1])
 
-    def restore(self, object_id: str) -> None:
+    def restore(self, object_id: str, *, known_gone: bool = False) -> None:
         """Store again an object this process stored lately if its name is gone (gc took it
-        before a commit named it); a no-op otherwise."""
+        before a commit named it); a no-op otherwise. `known_gone`: a read just failed to
+        find it, whatever a (cached) lookup says."""
         with self._recent_lock:
             data = self._recent.get(object_id)
-        if data is not None and not self.still_named(object_id):
+        if data is not None and (known_gone or not self.still_named(object_id)):
             self.put_framed(data)
 
     def hold(self, object_id: str) -> bytes:

@@ -321,7 +321,13 @@ class Run:
         inline, ref = (None, stored[0]) if stored else (result, None)
         if ref is not None:
             self._objects.restore(validate_object_id(ref))  # gc took it before this commit
-        if stored is not None and self._objects.kind_of(stored[0]) != stored[1]:
+        kind = self._objects.kind_of(stored[0]) if stored is not None else None
+        if stored is not None and kind is None:
+            # gc on another client may remove it between restore's look and this read (the
+            # look answered from a cache): store it again if this process has its bytes.
+            self._objects.restore(stored[0], known_gone=True)
+            kind = self._objects.kind_of(stored[0])
+        if stored is not None and kind != stored[1]:
             raise UsageError(
                 f"{stored[1]} {ref} is not in this store; store it with store.put_{stored[1]}()"
             )

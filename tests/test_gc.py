@@ -497,3 +497,19 @@ def test_a_put_that_finds_its_object_set_aside_publishes_it_again(
     monkeypatch.undo()
     assert ([ref.blob], ref) == (moved, again)
     assert {"value": 9} == store.get_blob(again)
+
+
+def test_a_commit_whose_blob_gc_removes_after_a_stale_lookup_stores_it_again(
+    store: castore.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another client's gc removes a blob between the commit's look for it (answered from a
+    client cache: still there) and the read of its kind: the commit stores it again from
+    the bytes this process put, instead of calling it not in this store (CI, CephFS)."""
+    run = store.start("t", castore.Plan.build("p", "a"))
+    ref = store.put_blob({"value": 10})
+    os.unlink(obj(store, ref.blob))  # gc on the other client
+    monkeypatch.setattr(store.objects, "still_named", lambda object_id: True)  # a stale cache
+    run.commit_step("a", ref)
+    monkeypatch.undo()
+    assert {"value": 10} == store.get_blob(ref)
+    assert_intact(store)
