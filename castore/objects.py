@@ -315,12 +315,7 @@ class _Batch:
         """Data durable, then names, then names durable; a failed flush publishes nothing
         more and raises (rule O4: the temp files go, never synced again)."""
         try:
-            try:
-                objects.flush.filesystem()
-            except OSError as exc:
-                raise DurabilityError(
-                    objects._layout.objects, "syncing a batch's bytes", exc
-                ) from exc
+            _sync_all(objects, "syncing a batch's bytes")
             again = []
             for temp, fanout, object_id, remember in self._temps:
                 try:
@@ -332,18 +327,21 @@ class _Batch:
                     again.append(object_id)
                 elif remember:
                     objects._remember(object_id, self.data[object_id])
-            try:
-                objects.flush.filesystem()
-            except OSError as exc:
-                raise DurabilityError(
-                    objects._layout.objects, "syncing a batch's names", exc
-                ) from exc
+            _sync_all(objects, "syncing a batch's names")
         finally:
             self.discard()
         for _ in self._temps:
             crashpoints.reach("object.published")  # as many arrivals as a put of each
         for object_id in again:
             objects.put_framed(self.data[object_id])
+
+
+def _sync_all(objects: ObjectStore, operation: str) -> None:
+    """One syncfs of the store's filesystem; DurabilityError naming `operation` if it fails."""
+    try:
+        objects.flush.filesystem()
+    except OSError as exc:
+        raise DurabilityError(objects._layout.objects, operation, exc) from exc
 
 
 def _later(fd: int, path: str) -> None:
