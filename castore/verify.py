@@ -357,17 +357,17 @@ def verified_head(chain: VerifiedChain) -> VerifiedHead:
 
 
 def verify_head(objects: ObjectStore, slots: TaskSlots) -> VerifiedHead:
-    """HEAD alone, checked as the full walk checks it, trusting the chain below (no slot
-    listing, no parent read): ChainError if HEAD itself does not verify, UnknownVersionError
+    """HEAD alone, checked as the full walk checks it, trusting the chain below (no parent
+    read, no check for gaps): ChainError if HEAD itself does not verify, UnknownVersionError
     for a format version this castore does not read, TaskNotFoundError without slot 0."""
     task_id = slots.task_id
     try:
         head_seq, slot_data = _read_head_slot(slots)
+        # The slot is a name of HEAD's object (a hard link, FORMAT.md §9.3) and its bytes are
+        # HEAD's id by definition: they are what a read by that name would return, verified.
+        # Whether the object name is still there (a power loss may take it, §13) is fsck's.
         head_id = hash_bytes(slot_data)
-        # A power loss may have taken the object's name (v2, FORMAT.md §13 "A lost snapshot
-        # name"): HEAD is then read from its slot, verified by its frame and links.
-        data = _read_snapshot(objects, slots, head_id, head_seq)
-        head = _decode_snapshot(task_id, head_id, data)
+        head = _decode_snapshot(task_id, head_id, slot_data)
         _check_link(task_id, head_id, head, head_seq, None)
         return VerifiedHead(task_id, head, head_id, ChainClock().seen(head.seq, head.time_ms))
     except FormatVersionError as exc:

@@ -13,7 +13,7 @@ import pytest
 from helpers import wait_stopped
 
 import castore
-from castore import sealmark
+from castore import refs, sealmark
 from castore.cli.history import read_slots
 from castore.errors import ChainError, ConflictError
 from castore.refs import TaskSlots
@@ -53,6 +53,72 @@ def test_mark_round_trips_in_canonical_form(tmp_path: Path) -> None:
     assert b'{"pack":"' + FAKE_PACK.encode() + b'","through":1}\n' == raw
 
 
+@pytest.fixture(params=["listing", "lookup"])
+def head_method(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """HEAD found by one listing of the chain directory, or by the lstat lookup (FORMAT.md
+    9.4): the chain directory's size chooses, so each test runs with both forced."""
+    monkeypatch.setattr(refs, "_LIST_BELOW", 1 << 40 if request.param == "listing" else -1)
+    return str(request.param)
+
+
+def test_both_head_methods_agree_on_every_chain_length(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Listing and lookup give the same HEAD at every length from none to 37, with a stray
+    file and a temp name beside the slots, and with slots pruned below a mark."""
+    store = castore.Store.init(tmp_path / "s")
+    slots = slots_of(store)
+    found: dict[str, list[int | None]] = {"listing": [], "lookup": []}
+
+    def both() -> None:
+        for method, limit in (("listing", 1 << 40), ("lookup", -1)):
+            monkeypatch.setattr(refs, "_LIST_BELOW", limit)
+            found[method].append(slots.head_seq())
+
+    both()
+    with store.start(TASK, PLAN) as run:
+        Path(slots.directory, ".tmp-stray").write_bytes(b"x")
+        Path(slots.directory, "zzzz").write_bytes(b"x")
+        both()
+        for _ in range(36):
+            run.commit_step(run.next_step, {"n": run.head.seq})
+            both()
+    mark_and_prune(store, 20)
+    both()
+    assert found["listing"] == found["lookup"]
+    assert [None, *range(37), 36] == found["lookup"]
+
+
+def test_a_small_chain_directory_is_listed_and_a_large_one_searched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under refs._LIST_BELOW bytes HEAD costs one listing and no lstat of a slot; above it,
+    O(log n) lstat calls and no listing."""
+    store = store_with(tmp_path, 40)
+    slots = slots_of(store)
+    probes: list[int] = []
+    listings: list[str] = []
+    exists, list_names = TaskSlots.exists, refs.fsio.list_names
+
+    def counted_exists(self: TaskSlots, seq: int) -> bool:
+        probes.append(seq)
+        return exists(self, seq)
+
+    def counted_list(directory: str) -> list[str]:
+        listings.append(directory)
+        return list_names(directory)
+
+    monkeypatch.setattr(TaskSlots, "exists", counted_exists)
+    monkeypatch.setattr(refs.fsio, "list_names", counted_list)
+    assert os.lstat(slots.directory).st_size <= refs._LIST_BELOW
+    assert (40, [], [slots.directory]) == (slots.head_seq(), probes, listings)
+    listings.clear()
+    monkeypatch.setattr(refs, "_LIST_BELOW", os.lstat(slots.directory).st_size - 1)
+    assert (40, []) == (slots.head_seq(), listings)
+    assert 5 < len(probes) <= 14
+
+
+@pytest.mark.usefixtures("head_method")
 def test_head_lookup_starts_above_the_mark_after_pruning(tmp_path: Path) -> None:
     """Pruned slots below the mark leave HEAD where it was, and HEAD alone still verifies."""
     store = store_with(tmp_path, 40)
@@ -112,6 +178,7 @@ def test_a_commit_that_links_into_a_pruned_range_loses(tmp_path: Path) -> None:
         pytest.param(b"x" * 300, id="too-large"),
     ],
 )
+@pytest.mark.usefixtures("head_method")
 def test_a_damaged_mark_fails_closed(tmp_path: Path, content: bytes) -> None:
     """A mark castore did not write is a broken chain, never "no mark": that would hide it."""
     store = store_with(tmp_path, 3)
@@ -120,6 +187,7 @@ def test_a_damaged_mark_fails_closed(tmp_path: Path, content: bytes) -> None:
         slots_of(store).head_seq()
 
 
+@pytest.mark.usefixtures("head_method")
 def test_a_symlinked_mark_is_refused(tmp_path: Path) -> None:
     """The mark is never read through a symlink."""
     store = store_with(tmp_path, 3)
@@ -130,6 +198,7 @@ def test_a_symlinked_mark_is_refused(tmp_path: Path) -> None:
         slots_of(store).head_seq()
 
 
+@pytest.mark.usefixtures("head_method")
 def test_a_mark_above_every_slot_is_a_broken_chain(tmp_path: Path) -> None:
     """HEAD is always above the mark: a mark at or beyond HEAD names damage."""
     store = store_with(tmp_path, 3)
