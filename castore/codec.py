@@ -252,15 +252,21 @@ def frame(kind: str, body: bytes, version: int | None = None) -> bytes:
 
     `version`: the lowest format version whose reader understands the body (2 when it uses a
     v2-only field); None means the lowest the kind allows (1, or 2 for a v2-only kind)."""
+    return frame_header(kind, len(body), version) + body
+
+
+def frame_header(kind: str, body_length: int, version: int | None = None) -> bytes:
+    """The header line `frame` puts before a body of `body_length` bytes (for a body built
+    in pieces, which `frame` would have to join)."""
     if kind not in KINDS:
         raise ValueError(f"unknown object kind {kind!r}")
     lowest = 2 if kind in V2_KINDS else 1
     version = lowest if version is None else version
     if version not in SUPPORTED_VERSIONS or version < lowest:
         raise ValueError(f"a {kind} object cannot be framed as format version {version}")
-    if len(body) > limits.MAX_BODY_SIZE:  # no reader would read it back
-        raise ObjectTooLargeError(kind, len(body), limits.MAX_BODY_SIZE)
-    return b"%s %d %s %d\n" % (MAGIC, version, kind.encode(), len(body)) + body
+    if body_length > limits.MAX_BODY_SIZE:  # no reader would read it back
+        raise ObjectTooLargeError(kind, body_length, limits.MAX_BODY_SIZE)
+    return b"%s %d %s %d\n" % (MAGIC, version, kind.encode(), body_length)
 
 
 class FrameError(ValueError):

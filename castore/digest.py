@@ -14,7 +14,7 @@ def hash_bytes(data: bytes) -> str:
     return blake3.blake3(data).hexdigest()
 
 
-def hash_chunks(chunks: Iterable[bytes]) -> str:
+def hash_chunks(chunks: Iterable[bytes | memoryview]) -> str:
     """The blake3 hex digest of the concatenation of `chunks`, without joining them."""
     hasher = blake3.blake3()
     for chunk in chunks:

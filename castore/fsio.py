@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from typing import ParamSpec, TypeVar
 
 from castore import crashpoints
+from castore.digest import Hasher
 from castore.errors import (
     CastoreError,
     DurabilityError,
@@ -299,6 +300,27 @@ def _read_rest(path: str, fd: int, data: bytes, limit: int) -> bytes:
             if size > limit:
                 raise OversizedFileError(path, size, limit)
     return b"".join(chunks)
+
+
+def hash_regular(path: str, limit: int = MAX_OBJECT_SIZE) -> str:
+    """The blake3 digest of a regular file (`read_regular`'s checks), read a megabyte at a
+    time: a large object is verified without being held in memory; again after ESTALE."""
+    return _estale_retried(lambda: _hash_once(path, limit))
+
+
+def _hash_once(path: str, limit: int) -> str:
+    fd, _ = open_regular_with_stat(path, limit)
+    hasher, size = Hasher(), 0
+    try:
+        with translated(path, "reading"):
+            while chunk := os.read(fd, _CHUNK):
+                hasher.update(chunk)
+                size += len(chunk)
+                if size > limit:
+                    raise OversizedFileError(path, size, limit)
+    finally:
+        close_read(fd)
+    return hasher.hexdigest()
 
 
 def read_regular(path: str, limit: int = MAX_OBJECT_SIZE) -> bytes:

@@ -55,13 +55,16 @@ def check_frontier(task_id: str, head: Snapshot, plan: Plan) -> None:
         raise MalformedFrontierError(
             task_id, f"step {frontier.step!r} at index {frontier.index}, plan has {expected!r}"
         )
-    known = {step.id: step for step in plan.steps}
+    if not head.effects:
+        return  # the usual HEAD: no index of a long plan's steps to build
+    position = {step.id: index for index, step in enumerate(plan.steps)}
     for record in head.effects:
-        if record.step not in known or not known[record.step].effect:
+        index = position.get(record.step)
+        if index is None or not plan.steps[index].effect:
             raise MalformedFrontierError(
                 task_id, f"effect record for unknown effect {record.step!r}"
             )
-        if plan.index(record.step) > frontier.index:
+        if index > frontier.index:
             raise MalformedFrontierError(task_id, f"effect {record.step!r} is beyond the frontier")
 
 

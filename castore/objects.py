@@ -253,6 +253,18 @@ class ObjectStore:
             raise ObjectCorruptError(object_id, path, reason)
         return data
 
+    def check(self, object_id: str) -> None:
+        """That object `object_id` is there and hashes to its id, read a megabyte at a time
+        (a long plan is checked without being held in memory); what `read` raises if not."""
+        if self.pending(object_id) is not None:
+            return
+        try:
+            if fsio.hash_regular(self.path(object_id)) == object_id:
+                return
+        except FileNotFoundError:
+            raise ObjectMissingError(object_id, self.path(object_id)) from None
+        self.read(object_id)  # read again past the caches: corrupt, or a stale first read
+
     @staticmethod
     def _read_file(object_id: str, path: str, read: Callable[[str], bytes]) -> bytes:
         try:

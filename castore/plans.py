@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import itertools
+import operator
+
 from castore import codec
-from castore.digest import hash_bytes, hash_chunks
+from castore.digest import hash_chunks
 from castore.errors import UsageError
 from castore.fastdecode import encode_sorted
 from castore.records import Plan, Snapshot, Step
 
 MAX_STEP_ID = 200
 _STEP_DOMAIN = b"castore-plan-step\0"
+_ID, _AFTER, _EFFECT = (operator.attrgetter(name) for name in ("id", "after", "effect"))
+_SLICE = 4096  # steps encoded at a time: ~200 KB
 
 
 def validate_step_id(step_id: object) -> None:
@@ -49,41 +54,64 @@ def validate_plan(plan: Plan) -> None:
 
 
 def plan_bytes(plan: Plan) -> bytes:
-    """The framed object bytes of a plan. Every resume hashes the caller's plan: its steps
-    (all of the bytes of a long plan) are encoded in C when they hold exact types only, the
-    name and meta as any record's fields are; anything else takes the general path."""
+    """The framed object bytes of a plan."""
+    return b"".join(_plan_pieces(plan))
+
+
+def _plan_pieces(plan: Plan) -> list[bytes | memoryview]:
+    """The framed bytes of a plan, in pieces whose concatenation they are. Every resume
+    hashes the caller's plan: its steps (all of the bytes of a long plan) are encoded in C,
+    a slice at a time, when they hold exact types only; the name and meta as any record's
+    fields are; anything else takes the general path, in one piece."""
     version = 2 if plan.grows is not None else None  # a v1 reader knows no growing plan
     if not _plain_steps(plan.steps) or plan.grows not in (None, True):
-        return codec.frame("plan", codec.encode_value(codec.to_builtins(plan)), version)
+        return [_general_bytes(plan, version)]
     try:
-        steps = encode_sorted(plan.steps)
+        steps = _encoded_steps(plan.steps)
     except UnicodeEncodeError:  # a lone surrogate: the general path says where
-        return codec.frame("plan", codec.encode_value(codec.to_builtins(plan)), version)
-    body = b'{%s"meta":%s,"name":%s,"steps":%s}' % (
+        return [_general_bytes(plan, version)]
+    head = b'{%s"meta":%s,"name":%s,"steps":' % (
         b'"grows":true,' if plan.grows else b"",
         codec.encode_value(codec.to_builtins(plan.meta)),
         codec.encode_value(plan.name),
-        steps,
     )
-    return codec.frame("plan", body, version)
+    body = [head, *steps, b"}"]
+    return [codec.frame_header("plan", sum(map(len, body)), version), *body]
+
+
+def _general_bytes(plan: Plan, version: int | None) -> bytes:
+    return codec.frame("plan", codec.encode_value(codec.to_builtins(plan)), version)
+
+
+def _encoded_steps(steps: tuple[Step, ...]) -> list[bytes | memoryview]:
+    """`steps` as one JSON array, in pieces of at most _SLICE steps: never a copy of the
+    whole (a plan of 1,000,000 steps is 50 MB)."""
+    if not steps:
+        return [b"[]"]
+    pieces: list[bytes | memoryview] = []
+    for start in range(0, len(steps), _SLICE):
+        encoded = encode_sorted(steps[start : start + _SLICE])  # b"[...]"
+        pieces += [b"," if pieces else b"[", memoryview(encoded)[1:-1]]
+    return [*pieces, b"]"]
 
 
 def _plain_steps(steps: object) -> bool:
     """True if `steps` is a tuple of Steps made of exact strs and bools (what the general
-    path encodes the same way, fastdecode.encode_sorted)."""
-    return type(steps) is tuple and all(
-        type(step) is Step
-        and type(step.id) is str
-        and type(step.effect) is bool
-        and type(step.after) is tuple
-        and all(type(dep) is str for dep in step.after)
-        for step in steps
+    path encodes the same way, fastdecode.encode_sorted); whole-sequence checks, in C."""
+    if type(steps) is not tuple or not set(map(type, steps)) <= {Step}:
+        return False
+    afters = list(map(_AFTER, steps))
+    return (
+        set(map(type, map(_ID, steps))) <= {str}
+        and set(map(type, map(_EFFECT, steps))) <= {bool}
+        and set(map(type, afters)) <= {tuple}
+        and set(map(type, itertools.chain.from_iterable(afters))) <= {str}
     )
 
 
 def plan_id(plan: Plan) -> str:
     """The plan digest: the id its object has (or would have) in any store."""
-    return hash_bytes(plan_bytes(plan))
+    return hash_chunks(_plan_pieces(plan))
 
 
 def roll_digest(digest: str, step: Step, args: str | None) -> str:

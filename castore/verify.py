@@ -281,8 +281,9 @@ def _plans(
 ) -> tuple[Plan, str]:
     """HEAD's plan, verified and decoded, and the plan root verified too."""
     if expected_plan is not None and expected_plan[0] == head.plan:
-        # The caller's plan has the same digest: verify the stored bytes, skip decoding them.
-        _read_plan_bytes(objects, task_id, head.plan)
+        # The caller's plan has the same digest: check the stored bytes hash to it (then they
+        # are the caller's plan, a framed plan), skip decoding them.
+        _check_plan_bytes(objects, task_id, head.plan)
         plan = expected_plan[1]
     else:
         plan = read_plan(objects, task_id, head.plan)
@@ -308,9 +309,9 @@ def _head_record(
         ) from exc
 
 
-def _read_plan_bytes(objects: ObjectStore, task_id: str, plan_id: str) -> None:
+def _check_plan_bytes(objects: ObjectStore, task_id: str, plan_id: str) -> None:
     try:
-        objects.get(plan_id, "plan")
+        objects.check(plan_id)
     except (FormatVersionError, StoreIOError):
         raise
     except CastoreError as exc:
