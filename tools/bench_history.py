@@ -13,10 +13,12 @@ resume_1m_rss_mb <= 100, status_5000_s <= 0.5, watch_cpu_ms_per_commit_10k <= 1 
 length), disk_per_payload <= 2, inodes_per_step <= 0.01 (a finished, hence sealed, task).
 `resume_*_plan_digest_ms` is the part of a resume spent on the digest of the caller's plan, a
 cost of the long fixed plan rather than of the chain; `resume_*_chain_ms` is the chain's part
-(verify_chain given the caller's plan). `inodes_per_step_task` leaves out the 258 directories
-every store has from init (fan-out and tasks/), which do not grow with steps. `--quick` divides
-every size by 10 (keys keep their names, values are for the smaller sizes: a smoke run, not a
-result). The stores are
+(verify_chain given the caller's plan). `resume_*_grown_ms` and `_grown_rss_mb` resume a task of
+as many steps that an agent decided as it ran (`run.append`, a growing plan): its caller passes
+no steps, so that resume costs the history alone. `inodes_per_step_task` leaves out the 258
+directories every store has from init (fan-out and tasks/), which do not grow with steps.
+`--quick` divides every size by 10 (keys keep their names, values are for the smaller sizes: a
+smoke run, not a result). The stores are
 format v2: runs seal every 4,096 commits and a finished task is sealed whole. The 1M-step store
 takes several minutes to build, so it is built only with `--with-1m`.
 `--only` runs some of the measurements (each builds its own store). `--watch-lengths` gives the
@@ -29,7 +31,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import resource
 import shutil
 import sqlite3
 import subprocess
@@ -64,7 +65,11 @@ def no_fsync() -> Iterator[None]:
         os.fsync = saved
 
 
-def plan_of(steps: int) -> Plan:
+def plan_of(steps: int, shape: str = "fixed") -> Plan:
+    """The caller's plan: `steps` steps fixed up front, or (`grown`) an agent's growing plan,
+    whose steps are decided as it runs and which the caller passes empty on resume."""
+    if shape == "grown":
+        return Plan.grow(TASK)
     return Plan.build(TASK, *(f"s{i}" for i in range(steps)))
 
 
@@ -75,13 +80,21 @@ def new_store(root: str) -> Store:
     return store
 
 
-def build_task(root: str, task: str, steps: int, *, store: Store | None = None) -> Store:
+def build_task(
+    root: str, task: str, steps: int, *, store: Store | None = None, shape: str = "fixed"
+) -> Store:
     """A store (created if `store` is None) holding task `task` with `steps` committed steps,
-    finished: sealed every 4,096 commits as it ran, then whole by its SEAL commit at close."""
+    finished: sealed every 4,096 commits as it ran, then whole by its SEAL commit at close.
+    `shape` "grown": each step decided and recorded by one `run.append`, then `finish`."""
     store = store or new_store(root)
-    with no_fsync(), store.start(task, plan_of(steps)) as run:
-        for step in run.pending():
-            run.commit_step(step, payload(run.head.seq))
+    with no_fsync(), store.start(task, plan_of(steps, shape)) as run:
+        if shape == "grown":
+            for index in range(steps):
+                run.append(f"s{index}", payload(index))
+            run.finish()
+        else:
+            for step in run.pending():
+                run.commit_step(step, payload(run.head.seq))
     return store
 
 
@@ -115,11 +128,12 @@ def plan_digest_ms(steps: int, rounds: int) -> float:
     return best * 1000
 
 
-def resume_ms(store: Store, task: str, steps: int, rounds: int) -> float:
-    """Best of `rounds`: open the task, verify HEAD back to the plan root, pass the gate."""
-    plan = plan_of(steps)
+def resume_ms(store: Store, task: str, steps: int, rounds: int, shape: str = "fixed") -> float:
+    """Best of `rounds`: open the task, verify HEAD back to the plan root, pass the gate (the
+    caller's plan made anew each round, outside the timing, as a new process would)."""
     best = float("inf")
     for _ in range(rounds):
+        plan = plan_of(steps, shape)
         start = time.perf_counter()
         with store.resume(task, plan) as run:
             elapsed = time.perf_counter() - start
@@ -128,30 +142,35 @@ def resume_ms(store: Store, task: str, steps: int, rounds: int) -> float:
     return best * 1000
 
 
-def resume_rss_mb(root: str, steps: int) -> float:
-    """Peak RSS that resuming adds: a fresh process that opens the store, builds the plan and
-    resumes, against one that does all but the resume (ru_maxrss is a peak, so a delta taken
-    inside one process would hide memory that the resume reused)."""
-
-    def peak_kib(mode: str) -> int:
-        out = subprocess.run(
-            [sys.executable, __file__, "--child", mode, root, str(steps)],
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-        return int(out.stdout.strip().splitlines()[-1])
-
-    return (peak_kib("resume") - peak_kib("control")) / 1024
+def resume_rss_mb(root: str, steps: int, shape: str = "fixed") -> float:
+    """Peak RSS that resuming adds, in a fresh process that opens the store and builds the
+    caller's plan first: the kernel's high-water mark is reset to the current RSS just before
+    the resume (/proc/self/clear_refs, Linux 4.0+) and read after it."""
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", "resume", root, str(steps), shape],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return int(out.stdout.strip().splitlines()[-1]) / 1024
 
 
-def child(mode: str, root: str, steps: int) -> None:
+def child(mode: str, root: str, steps: int, shape: str) -> None:
     store = Store.open(root)
-    plan = plan_of(steps)
+    plan = plan_of(steps, shape)
+    Path("/proc/self/clear_refs").write_text("5\n")  # VmHWM := VmRSS
+    before = _status_kib("VmHWM")
     if mode == "resume":
         with store.resume(TASK, plan):
             pass
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)  # KiB on Linux
+    print(_status_kib("VmHWM") - before)
+
+
+def _status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
 
 
 def disk_usage(root: str) -> tuple[int, int]:
@@ -282,7 +301,9 @@ def sqlite_threads(path: str) -> SqliteThreads | None:
 
 
 def measure_resume(base: str, steps: int, label: str, rounds: int) -> dict[str, float]:
-    """resume_<label>_ms, its plan digest and chain parts, and its RSS, on a finished task."""
+    """resume_<label>_ms, its plan digest and chain parts, and its RSS, on a finished task
+    of a fixed plan; then resume_<label>_grown_ms and _grown_rss_mb on a finished agent task
+    of as many steps decided as it ran (a growing plan: the caller's plan is empty)."""
     root = os.path.join(base, f"resume-{label}")
     store = build_task(root, TASK, steps)
     results = {
@@ -291,6 +312,10 @@ def measure_resume(base: str, steps: int, label: str, rounds: int) -> dict[str, 
         f"resume_{label}_chain_ms": chain_verify_ms(store, TASK, steps, rounds),
         f"resume_{label}_rss_mb": resume_rss_mb(root, steps),
     }
+    shutil.rmtree(root)
+    store = build_task(root, TASK, steps, shape="grown")
+    results[f"resume_{label}_grown_ms"] = resume_ms(store, TASK, steps, rounds, "grown")
+    results[f"resume_{label}_grown_rss_mb"] = resume_rss_mb(root, steps, "grown")
     shutil.rmtree(root)
     return results
 
@@ -408,10 +433,10 @@ def main() -> int:
         default=0.0,
         help="seconds between the watched agent's commits (default 0: as fast as it can)",
     )
-    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child[0], args.child[1], int(args.child[2]))
+        child(args.child[0], args.child[1], int(args.child[2]), args.child[3])
         return 0
     unknown = set(args.only) - set(MEASUREMENTS)
     if unknown:
