@@ -10,11 +10,12 @@ import sys
 import sysconfig
 
 from castore.cli import EXIT_FINDINGS, EXIT_OK, add_path_argument, emit_json, store_path
-from castore.lab.demo import run_demo
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     path = store_path(args)
+    from castore.lab.demo import run_demo  # noqa: PLC0415 - the lab loads only for this verb
+
     report = run_demo(path, say=_quiet if args.json else print, command=castore_command())
     if args.json:
         emit_json(

@@ -7,7 +7,6 @@ import json
 import os
 
 from castore.cli import EXIT_FINDINGS, EXIT_OK, add_path_argument, store_path
-from castore.doctor import run_doctor
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -15,6 +14,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if not os.path.lexists(target):  # the store may not exist yet: check where it would live
         target = os.path.dirname(os.path.abspath(target))
     # Anything else that is not a directory (a file, a dangling link) run_doctor refuses.
+    from castore.doctor import run_doctor  # noqa: PLC0415 - loaded only for this verb
+
     report = run_doctor(target, args.peer)
     if args.json:
         print(json.dumps(report.to_json(), sort_keys=True, ensure_ascii=False))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from castore.cli import (
     EXIT_OK,
@@ -16,11 +17,12 @@ from castore.cli import (
     positive_int,
     store_path,
 )
-from castore.fsck import Finding, Summary, check_store
-from castore.fsck.quarantine import quarantine
 from castore.gc import DEFAULT_GRACE_S, collect
 from castore.layout import display_name
 from castore.store import Store
+
+if TYPE_CHECKING:
+    from castore.fsck import Finding
 
 PROGRESS_FROM = 1000  # objects: below this a progress bar would only flicker
 
@@ -36,6 +38,10 @@ def _many(count: object, word: str) -> str:
 
 
 def cmd_fsck(args: argparse.Namespace) -> int:
+    # Imported here: the checker is most of what `castore` would load for every verb.
+    from castore.fsck import Summary, check_store  # noqa: PLC0415
+    from castore.fsck.quarantine import quarantine  # noqa: PLC0415
+
     summary = Summary()
     progress = _progress if sys.stderr.isatty() and not args.json else None
     findings = []

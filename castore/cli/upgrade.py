@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
 from castore.cli import add_path_argument, positive_int, store_path
 from castore.cli.maintenance import finding_line
-from castore.fsck import Severity
-from castore.upgrade import UpgradeReport, upgrade
+
+if TYPE_CHECKING:
+    from castore.upgrade import UpgradeReport
 
 _NEXT = (
     "nothing was changed; repair what is listed (`castore fsck` says how, `--quarantine` "
@@ -18,6 +20,9 @@ _NEXT = (
 
 
 def cmd_upgrade(args: argparse.Namespace) -> int:
+    # Imported here: upgrade runs fsck's checker, which no other verb but fsck loads.
+    from castore.upgrade import upgrade  # noqa: PLC0415
+
     report = upgrade(store_path(args), dry_run=args.dry_run, jobs=args.jobs)
     if args.json:
         _print_json(report)
@@ -48,6 +53,8 @@ def _print_json(report: UpgradeReport) -> None:
 
 
 def _print_text(report: UpgradeReport) -> None:
+    from castore.fsck import Severity  # noqa: PLC0415 - loaded with the upgrade, see above
+
     for finding in report.findings:
         if finding.severity is not Severity.INFO:  # infos are fsck's business, not a problem
             print(finding_line(finding))
