@@ -204,14 +204,21 @@ def test_the_root_snapshot_damaged_is_named(store: castore.Store, chain: dict[in
 # -- damaged plan object -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate", "delete", "empty"])
+@pytest.mark.parametrize("damage", ["flip", "truncate", "delete", "empty", "symlink"])
 def test_a_damaged_plan_object_is_named(
     store: castore.Store, chain: dict[int, str], damage: str
 ) -> None:
-    """A corrupt, truncated, empty or missing plan object: ChainError naming the plan id."""
+    """A corrupt, truncated, empty or missing plan object, or a symlink to a good copy of it:
+    ChainError naming the plan id (the caller's plan has its digest, and still the stored
+    bytes are checked)."""
     plan_id = castore.plan_id(PLAN)
     path = object_path(store, plan_id)
-    if damage == "flip":
+    if damage == "symlink":
+        copy = path.with_name("copy")
+        copy.write_bytes(path.read_bytes())
+        path.unlink()
+        path.symlink_to(copy)
+    elif damage == "flip":
         rewrite(path, flip_bit)
     elif damage == "truncate":
         rewrite(path, lambda raw: raw[:-1])

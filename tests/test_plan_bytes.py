@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from castore import codec, plans
+from castore.digest import hash_bytes
 from castore.errors import EncodingError
 from castore.records import Plan, Step
 
@@ -59,3 +60,18 @@ def test_a_step_of_unusual_types_takes_the_general_path() -> None:
     general path encodes it, not as msgspec would."""
     plan = Plan("p", (Step("a", 1),))  # type: ignore[arg-type]
     assert codec.encode_record("plan", plan) == plans.plan_bytes(plan)
+
+
+@given(plan_values())
+def test_a_plan_encoded_in_slices_is_the_same_bytes(plan: Plan) -> None:
+    """Long plans are encoded a slice of steps at a time: with slices of one and two steps the
+    bytes and the digest are still the general encoding's."""
+    whole = codec.encode_record("plan", plan)
+    saved = plans._SLICE
+    try:
+        for size in (1, 2):
+            plans._SLICE = size
+            assert whole == plans.plan_bytes(plan)
+            assert hash_bytes(whole) == plans.plan_id(plan)
+    finally:
+        plans._SLICE = saved
