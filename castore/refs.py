@@ -23,7 +23,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from castore import crashpoints, fsio, layout, sealmark
 from castore.digest import hash_bytes
@@ -78,22 +78,26 @@ class TaskSlots:
         return self.exists(0) or self.mark() is not None
 
     def head_seq(self) -> int | None:
-        """The highest sequence number present: one listing of a small chain directory, else
-        O(log n) stat calls above the sealed mark (FORMAT.md 9.4); None if the task has no
-        slot. ChainError if a mark says slots were pruned but the slot above it is missing
-        (HEAD is always above the mark, sealmark.py)."""
+        """The highest sequence number present, by the O(log n) search above the sealed mark
+        (FORMAT.md 9.4): in one listing of a small chain directory, else by lstat calls (the
+        same search either way, so even a chain with a gap gets one answer); None if the
+        task has no slot. ChainError if a mark says slots were pruned but the slot above it
+        is missing (HEAD is always above the mark, sealmark.py)."""
         low = self.lowest_kept()
         names = self._names_if_small()
+        exists: Callable[[int], bool] = self.exists
         if names is not None:
-            return self._highest_listed(names, low)
-        if not self.exists(low):
-            return self._floor_missing(low)
+            listed = frozenset(names)
+            exists = lambda seq: layout.slot_name(seq) in listed  # noqa: E731
+        if not exists(low):
+            self._refuse_missing_floor(low)
+            return None
         base, high = low, low + 1  # invariant: slot `low` exists
-        while self.exists(high):
+        while exists(high):
             low, high = high, base + 2 * (high - base)
         while high - low > 1:  # invariant: `low` exists, `high` does not
             middle = (low + high) // 2
-            if self.exists(middle):
+            if exists(middle):
                 low = middle
             else:
                 high = middle
@@ -101,9 +105,8 @@ class TaskSlots:
 
     def _names_if_small(self) -> list[str] | None:
         """The names in a chain directory small enough that one listing costs less than the
-        O(log n) lookups (most tasks: fewer than a few hundred unsealed slots), else None.
-        Its size only chooses the method: on a chain that satisfies FORMAT.md 9.1 both give
-        the same HEAD."""
+        O(log n) lstat calls (most tasks: fewer than a few hundred unsealed slots), else None.
+        Its size only chooses where the search looks, never what it finds."""
         try:
             info = os.lstat(self.directory)
         except FileNotFoundError:
@@ -119,22 +122,11 @@ class TaskSlots:
         except FileNotFoundError:
             return []
 
-    def _highest_listed(self, names: list[str], low: int) -> int | None:
-        """HEAD from a listing, as the lookup finds it: None or `_floor_missing` unless slot
-        `low` (0, or the one above the sealed mark) is listed. Slot names are fixed-width
-        digits, so the highest slot is the greatest slot name."""
-        if layout.slot_name(low) not in names:
-            return self._floor_missing(low)
-        for name in sorted(names, reverse=True):
-            seq = parse_slot_name(name)
-            if seq is not None:
-                return seq
-        raise AssertionError("unreachable: slot `low` is listed")
-
-    def _floor_missing(self, low: int) -> None:
-        """No HEAD if `low` is 0; else ChainError: HEAD is always above the sealed mark."""
+    def _refuse_missing_floor(self, low: int) -> None:
+        """Slot `low` is missing: no HEAD if `low` is 0, else ChainError (HEAD is always
+        above the sealed mark)."""
         if low == 0:
-            return None
+            return
         raise ChainError(
             self.task_id,
             f"its sealed mark says slots up to {low - 1} were pruned, but slot {low} "
