@@ -77,7 +77,7 @@ def view_of_head(objects: ObjectStore, slots: TaskSlots) -> TaskView:
     """HEAD checked as `status` checks it, its plan object, and the newest outcomes found by
     walking back from HEAD (each link checked as the full walk checks it), trusting the
     chain below what was read; ChainError if what was read does not verify."""
-    verified = verify_head(objects, slots)
+    verified = verify_head(slots)
     task, head = verified.task, verified.head
     plan = _plan_facts(objects, task, head.plan)
     found: dict[str, Outcome] = {}

@@ -57,21 +57,21 @@ def forgotten_error(task_id: str, tombstone: Snapshot) -> TaskForgottenError:
     return TaskForgottenError(task_id, when_text(tombstone.time_ms), transition.who, transition.why)
 
 
-def tombstone_head(objects: ObjectStore, slots: TaskSlots) -> VerifiedHead | None:
+def tombstone_head(slots: TaskSlots) -> VerifiedHead | None:
     """The task's HEAD if it is a tombstone (HEAD checked as status checks it); None if the
     task does not exist or its HEAD is not a tombstone."""
     try:
-        verified = verify_head(objects, slots)
+        verified = verify_head(slots)
     except TaskNotFoundError:
         return None
     return verified if is_tombstone(verified.head) else None
 
 
-def refuse_forgotten(objects: ObjectStore, slots: TaskSlots) -> None:
+def refuse_forgotten(slots: TaskSlots) -> None:
     """TaskForgottenError if the task ends with a tombstone. A HEAD that does not verify is
     left to the caller's own checks (ChainError from the walk, TaskExistsError from start)."""
     try:
-        found = tombstone_head(objects, slots)
+        found = tombstone_head(slots)
     except ChainError:
         return
     if found is not None:
@@ -105,7 +105,7 @@ def forget(
     `only_if_head`, ConflictError instead if HEAD is not (or no longer) that snapshot."""
     who, why = _required(who, "who"), _required(why, "why")
     for attempt in range(_TRIES):
-        verified = verify_head(objects, slots)  # TaskNotFoundError without slot 0
+        verified = verify_head(slots)  # TaskNotFoundError without slot 0
         head = verified.head
         if only_if_head is not None and verified.head_id != only_if_head:
             raise ConflictError(slots.task_id, only_if_head, verified.head_id, head.seq)

@@ -107,7 +107,7 @@ def fork(
     )
     data = as_v2(encode_snapshot(start, settings))
     if os.path.isdir(new_slots.directory):
-        refuse_forgotten(objects, new_slots)  # a forgotten id is never reused
+        refuse_forgotten(new_slots)  # a forgotten id is never reused
     fsio.make_dir_durable(os.path.dirname(new_slots.directory))
     fsio.make_dir_durable(new_slots.directory)
     try:
@@ -115,7 +115,7 @@ def fork(
             data, 0, "<none: new task>", (snapshot.plan, tree_id, *result_refs)
         )
     except ConflictError:
-        refuse_forgotten(objects, new_slots)
+        refuse_forgotten(new_slots)
         raise TaskExistsError(new_task) from None
     return Forked(new_task, head_id, tree_id, snapshot.task, seq, len(outcomes))
 

@@ -41,7 +41,7 @@ def reclaim_forgotten(store: Store, *, dry_run: bool = False) -> list[str]:
     for task in store.tasks():
         slots = TaskSlots(store.layout, store.objects, task)
         try:
-            found = tombstone_head(store.objects, slots)
+            found = tombstone_head(slots)
             if found is None:
                 continue
             through = found.head.seq - 1

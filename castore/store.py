@@ -243,14 +243,14 @@ class Store:
         plan_id = self.put_plan(plan)
         if os.path.isdir(slots.directory):
             # A forgotten task whose history gc reclaimed has no slot 0 to conflict on.
-            forget.refuse_forgotten(self.objects, slots)
+            forget.refuse_forgotten(slots)
         fsio.make_dir_durable(self.layout.task_dir(task_id))
         fsio.make_dir_durable(slots.directory)
         with self._locked(task_id, lock_timeout) as lock:
             try:
                 head_id = slots.commit(data, 0, "<none: new task>", (plan_id,))
             except ConflictError:
-                forget.refuse_forgotten(self.objects, slots)
+                forget.refuse_forgotten(slots)
                 raise TaskExistsError(task_id) from None
         chain = VerifiedChain(
             task_id, head, head_id, plan, plan_id, plan_id, Outcomes(), 1, tail=(data,)
@@ -338,14 +338,14 @@ class Store:
         chain first, as a resume does, and reports any damage in it the same way."""
         try:
             tombstone = (
-                forget.tombstone_head(self.objects, self._slots(task_id)) if verify else None
+                forget.tombstone_head(self._slots(task_id)) if verify else None
             )
             if tombstone is not None:
                 head = tombstone  # the history below a tombstone may be reclaimed (gc)
             elif verify:
                 head = verified_head(self.verify(task_id))
             else:
-                head = verify_head(self.objects, self._slots(task_id))
+                head = verify_head(self._slots(task_id))
         except (IntegrityError, FormatVersionError) as exc:  # a planted file included
             return status.broken(task_id, exc)
         return status.describe(head, self._clock())
@@ -444,7 +444,7 @@ class Store:
         try:
             history = self.history(task_id)
         except (IntegrityError, TaskNotFoundError) as exc:
-            if forget.tombstone_head(self.objects, source_slots) is None:
+            if forget.tombstone_head(source_slots) is None:
                 raise
             raise ForkError(
                 task_id,
@@ -495,7 +495,7 @@ class Store:
         try:
             chain = verify_chain(self.objects, slots, expected_plan, keep_tail=keep_tail)
         except (IntegrityError, TaskNotFoundError):
-            forget.refuse_forgotten(self.objects, slots)
+            forget.refuse_forgotten(slots)
             raise
         if forget.is_tombstone(chain.head):
             raise forget.forgotten_error(slots.task_id, chain.head)

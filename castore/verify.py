@@ -357,7 +357,7 @@ def verified_head(chain: VerifiedChain) -> VerifiedHead:
     return VerifiedHead(chain.task, chain.head, chain.head_id, chain.clock)
 
 
-def verify_head(objects: ObjectStore, slots: TaskSlots) -> VerifiedHead:
+def verify_head(slots: TaskSlots) -> VerifiedHead:
     """HEAD alone, checked as the full walk checks it, trusting the chain below (no parent
     read, no check for gaps): ChainError if HEAD itself does not verify, UnknownVersionError
     for a format version this castore does not read, TaskNotFoundError without slot 0."""

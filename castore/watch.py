@@ -214,7 +214,7 @@ class Watcher:
             return extend_head(self._store.objects, self._store._slots(task), known)
         except IntegrityError:
             # forget hook: the history below a tombstone may be reclaimed (reclaim.py)
-            forgotten = tombstone_head(self._store.objects, self._store._slots(task))
+            forgotten = tombstone_head(self._store._slots(task))
             return forgotten or verified_head(self._store.verify(task))
 
     def _without_head(self, task: str) -> Reading:

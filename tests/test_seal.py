@@ -119,7 +119,7 @@ def test_status_and_watch_extension_work_through_a_seal(v2: castore.Store) -> No
     extended = extend_head(v2.objects, slots, known)
     assert (v2.verify(TASK).head_id, 19) == (extended.head_id, extended.head.seq)
     assert extended.head.sealed is not None
-    assert verify_head(v2.objects, slots).head_id == extended.head_id
+    assert verify_head(slots).head_id == extended.head_id
 
 
 # -- a sealed history that is damaged or forged ---------------------------------------------

@@ -133,7 +133,7 @@ def test_head_lookup_starts_above_the_mark_after_pruning(tmp_path: Path) -> None
     assert [TASK] == store.tasks()
     status = store.status(TASK)
     assert (40, None) == (status.seq, status.error)
-    assert 40 == castore.verify.verify_head(store.objects, slots).head.seq
+    assert 40 == castore.verify.verify_head(slots).head.seq
 
 
 def test_pruning_removes_the_snapshot_objects_too(tmp_path: Path) -> None:

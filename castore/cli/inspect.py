@@ -90,7 +90,7 @@ def _reclaimed(store: Store, task_id: str) -> list[history.Slot]:
     [] if the task's HEAD is no tombstone, or its older slots are still there to show)."""
     slots = TaskSlots(store.layout, store.objects, task_id)
     try:
-        found = tombstone_head(store.objects, slots)
+        found = tombstone_head(slots)
     except ChainError:
         return []
     if found is None or slots.exists(0):
