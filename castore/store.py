@@ -337,9 +337,7 @@ class Store:
         does not verify is reported in `.error`, not raised). `verify=True` checks the whole
         chain first, as a resume does, and reports any damage in it the same way."""
         try:
-            tombstone = (
-                forget.tombstone_head(self._slots(task_id)) if verify else None
-            )
+            tombstone = forget.tombstone_head(self._slots(task_id)) if verify else None
             if tombstone is not None:
                 head = tombstone  # the history below a tombstone may be reclaimed (gc)
             elif verify:
