@@ -290,16 +290,22 @@ def _read_sized(path: str, fd: int, info: os.stat_result, limit: int) -> bytes:
 
 
 def _read_rest(path: str, fd: int, data: bytes, limit: int) -> bytes:
-    """`data` and the rest of `fd` to its end (a short read, or a file that changed), up to
-    `limit` bytes: a file that keeps growing is refused, not read until memory runs out."""
-    chunks, size = [data], len(data)
-    with translated(path, "reading"):
-        while chunk := os.read(fd, _CHUNK):
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > limit:
-                raise OversizedFileError(path, size, limit)
-    return b"".join(chunks)
+    """`data` and the rest of `fd` to its end (a short read, or a file that changed)."""
+    return b"".join([data, *_chunks_to_end(path, fd, limit, len(data))])
+
+
+def _chunks_to_end(path: str, fd: int, limit: int, size: int = 0) -> Iterator[bytes]:
+    """The rest of `fd`, a megabyte at a time, up to `limit` bytes in all (`size` of them
+    read already): a file that keeps growing is refused, not read until memory runs out."""
+    while True:
+        with translated(path, "reading"):
+            chunk = os.read(fd, _CHUNK)
+        if not chunk:
+            return
+        size += len(chunk)
+        if size > limit:
+            raise OversizedFileError(path, size, limit)
+        yield chunk
 
 
 def hash_regular(path: str, limit: int = MAX_OBJECT_SIZE) -> str:
@@ -310,14 +316,10 @@ def hash_regular(path: str, limit: int = MAX_OBJECT_SIZE) -> str:
 
 def _hash_once(path: str, limit: int) -> str:
     fd, _ = open_regular_with_stat(path, limit)
-    hasher, size = Hasher(), 0
+    hasher = Hasher()
     try:
-        with translated(path, "reading"):
-            while chunk := os.read(fd, _CHUNK):
-                hasher.update(chunk)
-                size += len(chunk)
-                if size > limit:
-                    raise OversizedFileError(path, size, limit)
+        for chunk in _chunks_to_end(path, fd, limit):
+            hasher.update(chunk)
     finally:
         close_read(fd)
     return hasher.hexdigest()
