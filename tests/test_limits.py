@@ -15,8 +15,9 @@ import pytest
 from helpers import cli
 
 import castore
-from castore import codec, fastdecode, limits
+from castore import codec, fastdecode, fsio, limits
 from castore.digest import hash_bytes
+from castore.errors import OversizedFileError
 from castore.fsck import Severity, check_store
 from castore.gc import collect
 
@@ -154,3 +155,23 @@ def test_an_object_over_the_size_limit_is_refused_before_writing(
         store.put_blob("x" * 2000)
     after = sorted(p.name for p in Path(store.layout.objects).rglob("*") if p.is_file())
     assert before == after
+
+
+def test_the_rest_of_a_file_read_past_its_stat_is_bounded(tmp_path: Path) -> None:
+    """A file that turns out longer than its fstat said is read to its end in chunks, and
+    refused once it passes the limit (a file that keeps growing is never read until memory
+    runs out); the chunked hash of a file is its blake3 digest."""
+    path = tmp_path / "grown"
+    data = os.urandom(3 << 20)  # three chunks and more
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert b"xy" + data == fsio._read_rest(str(path), fd, b"xy", len(data) + 2)
+        os.lseek(fd, 0, os.SEEK_SET)
+        with pytest.raises(OversizedFileError):
+            fsio._read_rest(str(path), fd, b"xy", len(data) + 1)
+    finally:
+        os.close(fd)
+    assert hash_bytes(data) == fsio.hash_regular(str(path))
+    with pytest.raises(OversizedFileError):
+        fsio.hash_regular(str(path), limit=len(data) - 1)
