@@ -4,12 +4,21 @@
 `CASTORE_PAUSE_AT=name[:nth]` stops the process there instead (SIGSTOP), so a test can run
 something else in the middle of a commit or a gc and then let it go on with SIGCONT. The
 variables are read once at import; an unarmed point costs one comparison.
+
+A test's interleaving scheduler (tests/interleave.py) may install a hook that every point
+calls, in the thread that reaches it, and that `wait` calls just before castore blocks on
+another thread of its own (a sealer's queue, a drain): the scheduler then runs one thread at a
+time and chooses, at each point, which goes on. Without a hook, `wait` does nothing.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
+
+# (point, None) at a point; (point, ready) where the caller is about to block until ready().
+Hook = Callable[[str, Callable[[], bool] | None], None]
 
 ENV_VAR = "CASTORE_CRASH_AT"
 PAUSE_VAR = "CASTORE_PAUSE_AT"
@@ -75,6 +84,20 @@ def _parse(var: str) -> tuple[str, int] | None:
 _armed = _parse(ENV_VAR)
 _paused = _parse(PAUSE_VAR)
 _seen: dict[str, int] = {}
+_hook: Hook | None = None
+
+
+def install_hook(hook: Hook | None) -> None:
+    """Call `hook` at every point and wait from now on (None: stop). For tests only."""
+    global _hook  # noqa: PLW0603 - one switch for the whole process, as the variables are
+    _hook = hook
+
+
+def wait(name: str, ready: Callable[[], bool]) -> None:
+    """The caller is about to block until `ready()` holds (another castore thread's work):
+    a point the interleaving hook resumes only once it holds. Nothing without a hook."""
+    if _hook is not None:
+        _hook(name, ready)
 
 
 def armed(name: str) -> bool:
@@ -85,6 +108,8 @@ def armed(name: str) -> bool:
 def reach(name: str) -> None:
     """Die by SIGKILL if `name` is the armed point and this is its nth arrival; stop (until
     SIGCONT) if it is the paused point and this is its nth arrival."""
+    if _hook is not None:
+        _hook(name, None)
     if (_armed is None or _armed[0] != name) and (_paused is None or _paused[0] != name):
         return
     _seen[name] = _seen.get(name, 0) + 1
