@@ -20,7 +20,8 @@ TASKS_DIR = "tasks"
 QUARANTINE_DIR = "quarantine"
 CHAIN_DIR = "chain"
 LOCK_NAME = "lock"
-MARK_NAME = "sealed"
+MARKS_DIR = "marks"  # the sealed mark's generations (FORMAT.md 9.7)
+LEGACY_MARK_NAME = "sealed"  # the mark as stores before format 2's revision hold it: read only
 TMP_PREFIX = ".tmp-"
 
 SEQ_WIDTH = 16
@@ -234,5 +235,5 @@ class Layout:
     def lock_path(self, task_id: str) -> str:
         return os.path.join(self.task_dir(task_id), LOCK_NAME)
 
-    def mark_path(self, task_id: str) -> str:
-        return os.path.join(self.task_dir(task_id), MARK_NAME)
+    def marks_dir(self, task_id: str) -> str:
+        return os.path.join(self.task_dir(task_id), MARKS_DIR)

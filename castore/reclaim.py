@@ -4,8 +4,8 @@ For a task whose HEAD is a tombstone at seq F, gc:
 
 1. fsyncs the chain directory, so that the tombstone's link is durable before anything
    relies on it (its forget may have been killed between its link and its fsync);
-2. writes the task's sealed mark {"pack": null, "through": F - 1} (sealmark.py: temp file,
-   fsync, rename, fsync), unless a mark already covers it; crash point `reclaim.marked`;
+2. moves the task's sealed mark to {"pack": null, "through": F - 1} unless it is there already
+   (the next generation, an exclusive create: sealmark.py); crash point `reclaim.marked`;
 3. removes the slots below F and their snapshot objects (TaskSlots.prune); crash point
    `reclaim.pruned`.
 
@@ -23,7 +23,7 @@ mark without the prune (step 3 runs again), or a partial prune (the same).
 
 from __future__ import annotations
 
-from castore import crashpoints, fsio, sealmark
+from castore import crashpoints, fsio
 from castore.errors import CastoreError
 from castore.forget import tombstone_head
 from castore.refs import TaskSlots
@@ -50,17 +50,16 @@ def reclaim_forgotten(store: Store, *, dry_run: bool = False) -> list[str]:
             if mark is not None and mark.through >= through and not stale:
                 continue  # reclaimed before
             if not dry_run:
-                _reclaim(slots, mark, through)
+                _reclaim(slots, through)
         except CastoreError:
             continue  # an unreadable tombstone or mark: nothing is pruned on a guess
         reclaimed.append(task)
     return reclaimed
 
 
-def _reclaim(slots: TaskSlots, mark: Mark | None, through: int) -> None:
+def _reclaim(slots: TaskSlots, through: int) -> None:
     fsio.fsync_dir(slots.directory)  # the tombstone durable before the mark relies on it
-    if mark is None or mark.through < through:
-        sealmark.write(slots.task_dir, Mark(pack=None, through=through))
+    slots.marks.advance(Mark(pack=None, through=through))
     crashpoints.reach("reclaim.marked")
     slots.prune(through)
     crashpoints.reach("reclaim.pruned")

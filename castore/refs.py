@@ -56,6 +56,7 @@ class TaskSlots:
         self.task_dir = os.path.dirname(self.directory)
         self._layout = layout
         self._objects = objects
+        self.marks = sealmark.TaskMarks(task_id, self.task_dir)
 
     def path(self, seq: int) -> str:
         # HEAD lookup builds 2 log n of these: from the directory, not by re-encoding the id.
@@ -66,7 +67,7 @@ class TaskSlots:
 
     def mark(self) -> Mark | None:
         """The task's sealed mark (None without one); ChainError if it cannot be trusted."""
-        return sealmark.read(self.task_id, self.task_dir)
+        return self.marks.current()
 
     def lowest_kept(self) -> int:
         """The lowest sequence number whose slot must exist: 0, or above the sealed mark."""
@@ -75,7 +76,7 @@ class TaskSlots:
 
     def started(self) -> bool:
         """True once the task has a first slot (even one pruned since, below a mark)."""
-        return self.exists(0) or self.mark() is not None
+        return self.exists(0) or sealmark.started_by_mark(self.task_dir)
 
     def head_seq(self) -> int | None:
         """The highest sequence number present, by the O(log n) search above the sealed mark

@@ -6,8 +6,8 @@ The protocol, for a run whose newest anchor is (P0, T0):
    SEAL_EVERY of them from bytes the run holds (checking every link) and publishes it as an
    object (file fsync, directory fsync): `seal.pack_written`;
 2. the run's next commit carries `sealed = (P1, T1)`; once it is durable: `seal.committed`;
-3. the thread writes the task's mark `{"pack": P1, "through": T1}` (atomic replace):
-   `seal.mark_written`;
+3. the thread moves the task's mark to `{"pack": P1, "through": T1}` unless it is there
+   already (the next generation, an exclusive create: sealmark.py): `seal.mark_written`;
 4. it removes slots <= T1 and their snapshot objects: `seal.pruned`.
 A crash before 2 leaves an unreferenced pack (gc removes it after the grace period); after 2
 and before 4 the next run of the task finishes 3 and 4 (`Sealer.finish_prune`). A finished
@@ -75,10 +75,9 @@ def build_packs(
 
 def prune(slots: TaskSlots, anchor: Sealed) -> None:
     """Steps 3 and 4 of the protocol, for an anchor a durable commit carries: the mark (only
-    ever moved forward), then the slots <= its `through` and their snapshot objects."""
-    mark = slots.mark()
-    if mark is None or mark.through < anchor.through:
-        sealmark.write(slots.task_dir, sealmark.Mark(anchor.pack, anchor.through))
+    ever moved forward, whoever moved it last), then the slots <= its `through` and their
+    snapshot objects."""
+    slots.marks.advance(sealmark.Mark(anchor.pack, anchor.through))
     crashpoints.reach("seal.mark_written")
     slots.prune(anchor.through)
     crashpoints.reach("seal.pruned")
@@ -196,7 +195,11 @@ class Sealer:
         self._jobs.put(job)
 
     def _work(self) -> None:
-        while (job := self._jobs.get()) is not None:
+        while True:
+            crashpoints.wait("seal.idle", lambda: not self._jobs.empty())
+            job = self._jobs.get()
+            if job is None:
+                break
             try:
                 if self.error is None:
                     job()
@@ -210,12 +213,14 @@ class Sealer:
     def drain(self) -> None:
         """Wait until every job queued so far is done."""
         if self._thread is not None:
+            crashpoints.wait("seal.drain", lambda: self._jobs.unfinished_tasks == 0)
             self._jobs.join()
 
     def close(self) -> None:
         """Finish the queued jobs and stop the thread."""
         if self._thread is not None:
             self._jobs.put(None)
+            crashpoints.wait("seal.close", lambda: self._jobs.unfinished_tasks == 0)
             self._thread.join()
             self._thread = None
 

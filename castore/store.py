@@ -17,6 +17,7 @@ from castore import (
     fsio,
     gate,
     resolution,
+    sealmark,
     status,
     storeinit,
     trees,
@@ -40,7 +41,7 @@ from castore.errors import (
 from castore.forget import Forgotten
 from castore.fork import Forked
 from castore.guard import DEFAULT_SNAPSHOT_BUDGET, refuse_secrets
-from castore.layout import CHAIN_DIR, MARK_NAME, Layout, decode_task_id, slot_name
+from castore.layout import CHAIN_DIR, Layout, decode_task_id, slot_name
 from castore.objects import ObjectStore
 from castore.outcomes import Outcomes
 from castore.packwalk import read_pack
@@ -519,9 +520,9 @@ class Store:
             # From the name decode_task_id checked (status pays for each id once, not thrice).
             # Slot 0 of a long task may be pruned: its sealed mark then says it started.
             task_dir = os.path.join(self.layout.tasks, name)
-            if os.path.lexists(os.path.join(task_dir, CHAIN_DIR, FIRST_SLOT)) or os.path.lexists(
-                os.path.join(task_dir, MARK_NAME)
-            ):
+            if os.path.lexists(
+                os.path.join(task_dir, CHAIN_DIR, FIRST_SLOT)
+            ) or sealmark.started_by_mark(task_dir):
                 found.append(task_id)
         return sorted(found)
 

@@ -8,6 +8,7 @@ slots pruned), exactly as the sealer leaves them, so each damage can be made on 
 
 from __future__ import annotations
 
+import os
 import zlib
 from pathlib import Path
 
@@ -20,7 +21,7 @@ import castore
 from castore import codec, packs
 from castore.digest import hash_bytes
 from castore.gc import GcReport, Reachable, collect
-from castore.layout import MARK_NAME, temp_name
+from castore.layout import MARKS_DIR, slot_name, temp_name
 from castore.records import Sealed, Transition, TransitionKind, snapshot_version
 from castore.refs import TaskSlots
 
@@ -62,8 +63,18 @@ def commit_seal(store: castore.Store, task: str, pack_id: str, through: int) -> 
     return slots_of(store, task).commit(data, seq + 1, head_id)
 
 
+def mark_file(store: castore.Store, task: str) -> Path:
+    """The file of the task's next mark generation (its directory made)."""
+    directory = Path(store.layout.marks_dir(task))
+    directory.mkdir(exist_ok=True)
+    return directory / slot_name(len(os.listdir(directory)))
+
+
+MARK_REL = f"tasks/t/{MARKS_DIR}/{slot_name(0)}"
+
+
 def write_mark(store: castore.Store, task: str, pack: str | None, through: int) -> Path:
-    path = Path(store.layout.task_dir(task), MARK_NAME)
+    path = mark_file(store, task)
     path.write_bytes(codec.encode_value({"pack": pack, "through": through}) + b"\n")
     return path
 
@@ -318,8 +329,8 @@ def test_a_mark_that_cannot_be_read_is_sealed_mark_damaged(
     HEAD are then not called a gap."""
     start(store)
     seal(store, "t", 2, mark=False)
-    Path(store.layout.task_dir("t"), MARK_NAME).write_bytes(content)
-    check(capsys, store.root, [("sealed-mark-damaged", ERROR, f"tasks/t/{MARK_NAME}", None, "t")])
+    mark_file(store, "t").write_bytes(content)
+    check(capsys, store.root, [("sealed-mark-damaged", ERROR, MARK_REL, None, "t")])
 
 
 @pytest.mark.parametrize("how", ["ahead", "other-pack", "behind-other-pack", "no-anchor"])
@@ -347,7 +358,7 @@ def test_a_mark_no_durable_seal_backs_is_sealed_mark_damaged(
     check(
         capsys,
         store.root,
-        [("sealed-mark-damaged", ERROR, f"tasks/t/{MARK_NAME}", pack_id, "t")],
+        [("sealed-mark-damaged", ERROR, MARK_REL, pack_id, "t")],
         cascade=("unreachable-object",),
     )
 
@@ -359,7 +370,7 @@ def test_a_mark_behind_the_newest_seal_is_sealed_mark_stale(
     start(store)
     first = seal(store, "t", 2)
     seal(store, "t", 5, first=3, prev=first, mark=False, pruned=False)
-    check(capsys, store.root, [("sealed-mark-stale", INFO, f"tasks/t/{MARK_NAME}", first.id, "t")])
+    check(capsys, store.root, [("sealed-mark-stale", INFO, MARK_REL, first.id, "t")])
 
 
 def test_a_temp_file_an_interrupted_mark_write_left_is_a_temp_file(

@@ -26,6 +26,7 @@ from test_power_loss_gc import assert_clean, run_exploration
 import castore
 from castore.errors import CastoreError, TaskForgottenError
 from castore.gc import collect
+from castore.sealmark import started_by_mark
 
 PLAN = castore.Plan.build("plf", "a", "b", "c")
 BLOB = {"carried": "x" * 40}
@@ -66,7 +67,7 @@ def check(base: Path) -> Verdict:
             verdict.problems.append(f"task {task!r}: {status.error}")
         else:
             _check_live(store, task, verdict)
-    marked = {task for task in tasks if Path(store.layout.task_dir(task), "sealed").exists()}
+    marked = {task for task in tasks if started_by_mark(store.layout.task_dir(task))}
     if marked - set(verdict.forgotten):
         verdict.problems.append(f"{sorted(marked)}: a sealed mark but no tombstone above it")
     for finding in castore.fsck.check_store(root, jobs=1):

@@ -24,8 +24,9 @@ import castore
 import castore.seal
 import castore.store
 from castore.errors import CastoreError
-from castore.layout import CHAIN_DIR, MARK_NAME, TASKS_DIR, decode_task_id
+from castore.layout import CHAIN_DIR, TASKS_DIR, decode_task_id
 from castore.records import Sealed
+from castore.sealmark import started_by_mark
 
 PLAN = castore.Plan.build("plseal", *(f"s{i}" for i in range(7)))
 EVERY = 4
@@ -67,7 +68,7 @@ def check_sealed_state(base: Path) -> Verdict:
     store = castore.Store.open(base / STORE)
     for name in sorted(os.listdir(tasks)):
         chain = tasks / name / CHAIN_DIR
-        if not (chain / f"{0:016d}").exists() and (tasks / name / MARK_NAME).exists():
+        if not (chain / f"{0:016d}").exists() and started_by_mark(str(tasks / name)):
             pl._check_task(store, decode_task_id(name), chain, verdict)
     if not FSCK_KNOWS_PACKS:
         verdict.fsck_errors = []  # main's fsck reads a pack as undecodable: see the test below

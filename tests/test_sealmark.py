@@ -13,9 +13,10 @@ import pytest
 from helpers import wait_stopped
 
 import castore
-from castore import refs, sealmark
+from castore import refs
 from castore.cli.history import read_slots
 from castore.errors import ChainError, ConflictError
+from castore.layout import LEGACY_MARK_NAME, slot_name
 from castore.refs import TaskSlots
 from castore.sealmark import Mark
 
@@ -39,7 +40,7 @@ def slots_of(store: castore.Store) -> TaskSlots:
 
 def mark_and_prune(store: castore.Store, through: int) -> int:
     slots = slots_of(store)
-    sealmark.write(slots.task_dir, Mark(FAKE_PACK, through))
+    slots.marks.advance(Mark(FAKE_PACK, through))
     return slots.prune(through)
 
 
@@ -47,10 +48,26 @@ def test_mark_round_trips_in_canonical_form(tmp_path: Path) -> None:
     """A written mark reads back as itself, as one canonical JSON line."""
     store = store_with(tmp_path, 3)
     slots = slots_of(store)
-    sealmark.write(slots.task_dir, Mark(FAKE_PACK, 1))
+    slots.marks.advance(Mark(FAKE_PACK, 1))
     assert Mark(FAKE_PACK, 1) == slots.mark()
-    raw = Path(store.layout.mark_path(TASK)).read_bytes()
+    raw = Path(slots.marks.path(0)).read_bytes()
     assert b'{"pack":"' + FAKE_PACK.encode() + b'","through":1}\n' == raw
+
+
+@pytest.fixture(params=["generation", "legacy"])
+def mark_file(request: pytest.FixtureRequest) -> str:
+    """Where a mark is read from: its first generation, or the file stores written before
+    format 2's revision hold (FORMAT.md 9.7)."""
+    return str(request.param)
+
+
+def mark_path(store: castore.Store, where: str) -> Path:
+    """The path of a task's first mark generation (its directory made) or legacy mark."""
+    if where == "legacy":
+        return Path(store.layout.task_dir(TASK), LEGACY_MARK_NAME)
+    directory = Path(store.layout.marks_dir(TASK))
+    directory.mkdir(exist_ok=True)
+    return directory / slot_name(0)
 
 
 @pytest.fixture(params=["listing", "lookup"])
@@ -182,21 +199,22 @@ def test_a_commit_that_links_into_a_pruned_range_loses(tmp_path: Path) -> None:
     ],
 )
 @pytest.mark.usefixtures("head_method")
-def test_a_damaged_mark_fails_closed(tmp_path: Path, content: bytes) -> None:
-    """A mark castore did not write is a broken chain, never "no mark": that would hide it."""
+def test_a_damaged_mark_fails_closed(tmp_path: Path, content: bytes, mark_file: str) -> None:
+    """A mark castore did not write (a generation, or the legacy file) is a broken chain,
+    never "no mark": that would hide it."""
     store = store_with(tmp_path, 3)
-    Path(store.layout.mark_path(TASK)).write_bytes(content)
+    mark_path(store, mark_file).write_bytes(content)
     with pytest.raises(ChainError, match=r"sealed mark .* is damaged"):
         slots_of(store).head_seq()
 
 
 @pytest.mark.usefixtures("head_method")
-def test_a_symlinked_mark_is_refused(tmp_path: Path) -> None:
+def test_a_symlinked_mark_is_refused(tmp_path: Path, mark_file: str) -> None:
     """The mark is never read through a symlink."""
     store = store_with(tmp_path, 3)
     target = tmp_path / "elsewhere"
     target.write_bytes(Mark(None, 1).encode())
-    os.symlink(target, store.layout.mark_path(TASK))
+    os.symlink(target, mark_path(store, mark_file))
     with pytest.raises(ChainError, match="symlink"):
         slots_of(store).head_seq()
 
@@ -205,7 +223,7 @@ def test_a_symlinked_mark_is_refused(tmp_path: Path) -> None:
 def test_a_mark_above_every_slot_is_a_broken_chain(tmp_path: Path) -> None:
     """HEAD is always above the mark: a mark at or beyond HEAD names damage."""
     store = store_with(tmp_path, 3)
-    sealmark.write(slots_of(store).task_dir, Mark(FAKE_PACK, 3))
+    slots_of(store).marks.advance(Mark(FAKE_PACK, 3))
     with pytest.raises(ChainError, match=r"slot 4 .* is missing"):
         slots_of(store).head_seq()
 
@@ -264,3 +282,33 @@ def test_slot_by_slot_reading_starts_above_the_mark(tmp_path: Path) -> None:
     shown = read_slots(store, TASK)
     assert list(range(12, 5, -1)) == [slot.seq for slot in shown]
     assert [None] * 7 == [slot.problem for slot in shown]
+
+
+def test_the_legacy_mark_is_a_floor_never_written(tmp_path: Path) -> None:
+    """A store written before format 2's revision holds the single `sealed` file: it is the
+    mark until a generation passes it, moving the mark to what it already says writes
+    nothing, and a generation past it becomes the mark (the legacy file is left as it was)."""
+    store = store_with(tmp_path, 6)
+    legacy = Path(store.layout.task_dir(TASK), LEGACY_MARK_NAME)
+    legacy.write_bytes(Mark(FAKE_PACK, 2).encode())
+    slots = slots_of(store)
+    assert Mark(FAKE_PACK, 2) == slots.mark()
+    assert Mark(FAKE_PACK, 2) == slots.marks.advance(Mark(FAKE_PACK, 1))
+    assert not Path(store.layout.marks_dir(TASK)).exists()
+    assert Mark(FAKE_PACK, 4) == slots.marks.advance(Mark(FAKE_PACK, 4))
+    assert Mark(FAKE_PACK, 4) == slots_of(store).mark()
+    assert Mark(FAKE_PACK, 2).encode() == legacy.read_bytes()
+
+
+def test_a_stale_writer_of_the_mark_never_moves_it_back(tmp_path: Path) -> None:
+    """Two writers of one task's mark: the one that read it first and wrote last finds its
+    number taken, reads the newer mark and writes nothing (the generations only grow)."""
+    store = store_with(tmp_path, 8)
+    stale, fresh = slots_of(store).marks, slots_of(store).marks
+    assert stale.current() is None  # read before the other moved it
+    assert Mark(FAKE_PACK, 5) == fresh.advance(Mark(FAKE_PACK, 5))
+    assert Mark(FAKE_PACK, 5) == stale.advance(Mark(FAKE_PACK, 3))
+    assert [slot_name(0)] == sorted(os.listdir(store.layout.marks_dir(TASK)))
+    assert Mark(FAKE_PACK, 7) == stale.advance(Mark(FAKE_PACK, 7))
+    assert [slot_name(0), slot_name(1)] == sorted(os.listdir(store.layout.marks_dir(TASK)))
+    assert Mark(FAKE_PACK, 7) == slots_of(store).mark()

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import castore
-from castore import codec, sealmark, storeinit
+from castore import codec, storeinit
 from castore import forget as forget_module
 from castore import fork as fork_module
 from castore import run as run_module
@@ -44,6 +44,7 @@ from castore.digest import hash_bytes
 from castore.fsck import Summary, check_store
 from castore.layout import Layout
 from castore.records import Writer
+from castore.refs import TaskSlots
 from castore.seal import seal_task
 
 GOLDEN = ROOT / "tests" / "golden"
@@ -307,16 +308,18 @@ def _objects_of_kind(root: Path, kind: bytes) -> list[Path]:
 
 def truncated_pack(root: Path) -> None:
     """The pack of sealed (the one its sealed mark names) cut to half its bytes (v2)."""
-    mark = sealmark.read("sealed", Layout(root).task_dir("sealed"))
+    store = castore.Store.open(root)
+    mark = TaskSlots(store.layout, store.objects, "sealed").mark()
     assert mark is not None
-    pack = Path(castore.Store.open(root).objects.path(mark.pack))
+    assert mark.pack is not None
+    pack = Path(store.objects.path(mark.pack))
     _rewrite(pack, pack.read_bytes()[: pack.stat().st_size // 2])
 
 
 def bad_mark(root: Path) -> None:
     """The sealed mark of sealed replaced by bytes that do not parse (v2)."""
-    mark = Path(Layout(root).task_dir("sealed")) / "sealed"
-    _rewrite(mark, b'{"pack":')
+    marks = Path(Layout(root).marks_dir("sealed"))
+    _rewrite(max(marks.iterdir()), b'{"pack":')  # the newest generation
 
 
 def missing_tree_part(root: Path) -> None:

@@ -7,12 +7,21 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+import attrs
+
 from castore import sealmark
 from castore.digest import hash_bytes
 from castore.errors import CastoreError, ChainError
 from castore.fsck.packcheck import PackFacts
 from castore.fsio import read_regular
-from castore.layout import CHAIN_DIR, MARK_NAME, is_object_name, object_relpath, slot_name
+from castore.layout import (
+    CHAIN_DIR,
+    is_object_name,
+    object_relpath,
+    parse_slot_name,
+    parse_temp_name,
+    slot_name,
+)
 from castore.links import check_anchor, check_history, check_link, decode_snapshot
 from castore.records import Sealed, Snapshot
 from castore.references import FORGET
@@ -22,33 +31,84 @@ if TYPE_CHECKING:
     from castore.fsck.tasks import TaskCheck
 
 
-def read_mark(task_id: str, task_dir: str) -> Mark | None:
-    """The task's mark (None without one), as every reader reads it; ValueError naming what is
-    wrong (a mark that cannot be read is never ignored: every reader fails closed on it)."""
+def read_mark(task_id: str, path: str) -> Mark | None:
+    """The mark file at `path` (None if there is none), as every reader reads it; ValueError
+    naming what is wrong (a mark that cannot be read is never ignored: every reader fails
+    closed on it)."""
     try:
-        return sealmark.read(task_id, task_dir)
+        return sealmark.read_file(task_id, path)
     except ChainError as exc:
         raise ValueError(exc.reason) from None
     except (OSError, CastoreError) as exc:
         raise ValueError(f"cannot be read: {exc}") from None
 
 
+@attrs.define
+class MarkGenerations:
+    """What fsck read of a task's `marks/` directory: the newest readable generation and
+    what is wrong with the rest (relpath, code, message)."""
+
+    newest: tuple[str, Mark] | None = None  # (relpath, mark)
+    damaged: bool = False
+    problems: list[tuple[str, str, str]] = attrs.field(factory=list)
+
+
+def check_generations(task_id: str, directory: str, rel: str) -> MarkGenerations:
+    """Each generation of the mark: a canonical mark file, numbered 0, 1, … without a gap,
+    each letting more be pruned than the one before (marks only move forward)."""
+    found = MarkGenerations()
+    numbers: list[int] = []
+    for name in sorted(os.listdir(directory)):
+        number = parse_slot_name(name)
+        if number is not None:
+            numbers.append(number)
+        elif parse_temp_name(name):
+            found.problems.append((f"{rel}/{name}", "temp-file", ""))
+        else:
+            found.problems.append((f"{rel}/{name}", "stray-file", "not a mark generation"))
+    previous: Mark | None = None
+    for expected, number in enumerate(numbers):
+        path = f"{rel}/{slot_name(number)}"
+        if number != expected:
+            found.damaged = True
+            message = f"generation {expected} is missing (the mark's history has a gap)"
+            found.problems.append((path, "sealed-mark-damaged", message))
+            return found
+        try:
+            mark = read_mark(task_id, os.path.join(directory, slot_name(number)))
+        except ValueError as exc:
+            found.damaged = True
+            found.problems.append((path, "sealed-mark-damaged", str(exc)))
+            return found
+        assert mark is not None  # noqa: S101 - listed a moment ago; a removal raises above
+        if previous is not None and mark.through <= previous.through:
+            found.damaged = True
+            message = (
+                f"says through {mark.through}, not past generation {number - 1}'s "
+                f"{previous.through}: a mark only moves forward"
+            )
+            found.problems.append((path, "sealed-mark-damaged", message))
+            return found
+        previous, found.newest = mark, (path, mark)
+    return found
+
+
 def check_sealed(
     check: TaskCheck,
     head: tuple[str, Snapshot],
-    mark: Mark | None,
+    mark: tuple[str, Mark] | None,
     slot_ids: dict[int, str],
 ) -> None:
     """The mark against HEAD's anchor, then each pack of the anchor's chain: of this task,
     holding the range the chain needs, joining what follows it, agreeing with the slots
     still present in its range; the objects the packs name are referred to and checked."""
     snapshot = head[1]
-    if snapshot.transition.kind == FORGET or (mark is not None and mark.pack is None):
+    if snapshot.transition.kind == FORGET or (mark is not None and mark[1].pack is None):
         return  # a forgotten task: its packs age out with what only it named
     anchor = snapshot.sealed
     ends = _check_packs(check, head, anchor, slot_ids) if anchor is not None else {}
     if mark is not None:
-        _check_mark(check, f"{check.rel}/{MARK_NAME}", mark, anchor, ends)
+        _check_mark(check, mark[0], mark[1], anchor, ends)
 
 
 def _check_packs(

@@ -18,15 +18,16 @@ from castore.fastdecode import canonical_view, decode_canonical
 from castore.fsck.findings import Finding, Severity
 from castore.fsck.named import NamedObjects, PlanShape
 from castore.fsck.objects import check_data, read_with_stat
-from castore.fsck.sealed import check_sealed, read_mark
+from castore.fsck.sealed import check_generations, check_sealed, read_mark
 from castore.fsck.tree import temp_finding
 from castore.fsio import file_kind, open_directory, read_in
 from castore.growth import frontier_problems
 from castore.history import illegal_changes
 from castore.layout import (
     CHAIN_DIR,
+    LEGACY_MARK_NAME,
     LOCK_NAME,
-    MARK_NAME,
+    MARKS_DIR,
     SEQ_WIDTH,
     TASKS_DIR,
     missing_seqs,
@@ -36,7 +37,7 @@ from castore.layout import (
     slot_name,
 )
 from castore.records import EffectState, Snapshot, TransitionKind
-from castore.sealmark import Mark
+from castore.sealmark import Mark, newer
 from castore.trees import PART_KINDS
 
 
@@ -89,6 +90,7 @@ class TaskCheck:
         self._plan_id: str | None = None  # the plan of the last clean slot, and its shape
         self._plan: PlanShape | None = None
         self.mark: Mark | None = None  # the sealed mark (v2), if there is a readable one
+        self._mark_rel = ""  # the file that says it
         self._mark_damaged = False
         self._head: tuple[str, Snapshot] | None = None
         # Slots read whose bytes nothing vouches for: no next slot names them as its parent
@@ -125,7 +127,8 @@ class TaskCheck:
         self._gaps(present)
         self._walk(chain_dir, present, slots)
         if self._head is not None and (self._head[1].sealed is not None or self.mark):
-            check_sealed(self, self._head, self.mark, self._slot_ids())
+            mark = (self._mark_rel, self.mark) if self.mark is not None else None
+            check_sealed(self, self._head, mark, self._slot_ids())
         if self.mark is not None:
             # A slot at or below the mark is one pruning has yet to remove: the pack holds its
             # bytes (check_sealed reports a slot that disagrees), so its next slot, maybe
@@ -165,16 +168,38 @@ class TaskCheck:
                     self.add("unsafe-file", relpath, f"a {file_kind(mode)} as lock file")
                 elif _lock_held(entry.path):
                     self.add("lock-held", relpath, "a worker is running this task now")
-            elif entry.name == MARK_NAME:
+            elif entry.name == LEGACY_MARK_NAME:
                 try:
-                    self.mark = read_mark(self.task_id, directory)
+                    self._take_mark(relpath, read_mark(self.task_id, entry.path))
                 except ValueError as exc:
                     self._mark_damaged = True
                     self.add("sealed-mark-damaged", relpath, str(exc))
+            elif entry.name == MARKS_DIR:
+                self._mark_generations(entry.path, relpath, mode)
             elif parse_temp_name(entry.name):  # a mark write a crash interrupted (v2)
                 self.found.append(attrs.evolve(temp_finding(self.root, relpath), task=self.task_id))
             elif entry.name != CHAIN_DIR and not entry.name.startswith(".filelock"):
                 self.add("unknown-file", relpath, "not part of a task directory")
+
+    def _take_mark(self, relpath: str, mark: Mark | None) -> None:
+        """One file of the mark read: the mark is the one that lets more be pruned."""
+        if mark is not None and newer(self.mark, mark) is mark:
+            self.mark, self._mark_rel = mark, relpath
+
+    def _mark_generations(self, path: str, relpath: str, mode: int) -> None:
+        if not stat.S_ISDIR(mode):
+            self._mark_damaged = True
+            self.add("unsafe-file", relpath, f"a {file_kind(mode)} where a directory belongs")
+            return
+        found = check_generations(self.task_id, path, relpath)
+        for rel, code, message in found.problems:
+            if code == "temp-file":  # a mark generation a crash interrupted
+                self.found.append(attrs.evolve(temp_finding(self.root, rel), task=self.task_id))
+            else:
+                self.add(code, rel, message)
+        self._mark_damaged = self._mark_damaged or found.damaged
+        if found.newest is not None:
+            self._take_mark(*found.newest)
 
     def _slots(self, chain_dir: str) -> dict[int, str]:
         """seq -> file name of every slot; anything else in the chain directory is reported."""
