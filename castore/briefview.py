@@ -19,7 +19,7 @@ from castore.links import decode_snapshot
 from castore.objects import ObjectStore
 from castore.outcomes import Outcome, Outcomes, outcome_of
 from castore.packwalk import read_pack
-from castore.records import Plan, Snapshot
+from castore.records import Plan, Snapshot, TransitionKind
 from castore.refs import TaskSlots
 from castore.snapshotread import read_snapshot
 from castore.verify import VerifiedChain, check_walked_link, read_plan, verify_head
@@ -84,6 +84,9 @@ def view_of_head(objects: ObjectStore, slots: TaskSlots) -> TaskView:
     clock = verified.clock
     current_id, snapshot = verified.head_id, head
     floor = head.sealed.through + 1 if head.sealed is not None else 0
+    if head.transition.kind is TransitionKind.FORGET:
+        # Nothing is read below a tombstone: gc may have reclaimed it (FORMAT.md 9.6).
+        return TaskView(task, head, verified.head_id, plan, clock, ())
     for _ in range(RECENT_WALK):
         outcome = outcome_of(snapshot)
         if outcome is not None and outcome.step not in found:

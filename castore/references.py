@@ -1,7 +1,7 @@
 """Which object ids an object names: the one place gc, fsck and writers learn it from.
 
 A snapshot names its plan, its parent, its `transition.result_ref`, its `sealed.pack` and its
-`fork.outcomes` (a tombstone, transition kind `forget`, names nothing); a tree names the
+`fork.outcomes` (a tombstone, transition kind `forget`, names its plan only); a tree names the
 values of its `refs`; a pack names `prev`, `plans`, `refs` and `first_parent` (its last
 snapshot is bytes inside it, not a reference). Plans, blobs and raw objects name nothing.
 
@@ -79,9 +79,10 @@ def snapshot_names(entry: object) -> Names:
     if not isinstance(entry, dict):
         return Names()
     if _field(entry.get("transition"), "kind") == FORGET:
-        # A tombstone keeps nothing alive: what only the forgotten task named ages out
-        # (its slot, hence the tombstone itself, stays).
-        return Names()
+        # A tombstone keeps its plan (status, brief and fsck read it) and nothing else: the
+        # history below it and what only that history named age out; its slot, hence the
+        # tombstone itself, stays. Its parent and its anchor's pack went with the reclaim.
+        return Names(_ids(entry.get("plan")))
     followed = _ids(
         _field(entry.get("transition"), "result_ref"),
         _field(entry.get("sealed"), "pack"),

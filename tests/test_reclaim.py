@@ -15,9 +15,11 @@ from test_gc_handshake import finish, spawn, wait_stopped
 from test_watch import Alerts
 
 import castore
-from castore import sealmark
+import castore.store
 from castore.errors import ForkError, TaskForgottenError
 from castore.gc import collect
+from castore.plans import plan_id
+from castore.refs import TaskSlots
 from castore.watch import Watcher
 
 PLAN = castore.Plan.build("job", "a", "b", "c")
@@ -47,7 +49,7 @@ def assert_reclaimed(store: castore.Store, task: str, tombstone_seq: int) -> Non
     """Only the tombstone's slot is left, the mark covers the rest, and the task stays
     forgotten and listed."""
     assert [tombstone_seq] == present(store, task)
-    mark = sealmark.read(task, task_dir(store, task))
+    mark = TaskSlots(store.layout, store.objects, task).mark()
     assert mark is not None
     assert (None, tombstone_seq - 1) == (mark.pack, mark.through)
     assert task in store.tasks()
@@ -70,7 +72,7 @@ def test_gc_reclaims_a_forgotten_task_and_the_objects_only_it_named(
     assert_reclaimed(store, "t", seq)
     assert not Path(store.objects.path(blob)).exists()
     assert f"objects/{blob[:2]}/{blob}" in report.removed
-    mark_bytes = Path(task_dir(store, "t"), "sealed").read_bytes()
+    mark_bytes = Path(store.layout.marks_dir("t"), "0000000000000000").read_bytes()
     assert b'{"pack":null,"through":2}\n' == mark_bytes
     with store.resume("other", PLAN) as run:
         assert 1 == run.result("a")
@@ -168,7 +170,7 @@ def test_gc_killed_while_reclaiming_leaves_what_the_next_gc_completes(
     blob, seq = forgotten_task(store)
     with_crash = spawn_child(children, GC, str(store.root), crash=point)
     assert -9 == with_crash.wait(timeout=60)
-    mark = sealmark.read("t", task_dir(store, "t"))
+    mark = TaskSlots(store.layout, store.objects, "t").mark()
     assert mark is not None
     assert seq - 1 == mark.through
     expected = [seq] if point == "reclaim.pruned" else list(range(seq + 1))
@@ -212,6 +214,7 @@ def test_forget_killed_at_each_commit_point(
 STALE = """
 import sys
 import castore
+import castore.store
 from castore.errors import ConflictError
 store = castore.Store.open(sys.argv[1])
 run = store.resume("t", castore.Plan.build("job", "a", "b", "c"))
@@ -242,3 +245,35 @@ def test_a_stale_writer_of_a_reclaimed_task_loses_at_the_mark_check(
     assert "conflict at 2" == out.strip()
     assert_reclaimed(store, "t", seq)
     assert seq == store.status("t").seq
+
+
+@pytest.mark.parametrize("sealed", [False, True], ids=["slots", "sealed"])
+def test_gc_keeps_the_plan_a_tombstone_names(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    sealed: bool,
+) -> None:
+    """A task whose plan no other task shares, forgotten and reclaimed with no grace: the
+    plan its tombstone names stays, so fsck finds no error, and status and brief of the task
+    succeed (the plan went with the first gc before issue 23)."""
+    monkeypatch.setattr(castore.store, "SEAL_EVERY", 2 if sealed else 4096)
+    store = castore.Store.init(tmp_path / "store")
+    plan = castore.Plan.build("alone", "a", "b", "c")
+    with store.start("t", plan) as run:
+        run.commit_step("a", store.put_blob({"pad": "x" * 64}))
+        run.commit_step("b", 2)
+    done = store.forget("t", who="ana", why="end")
+    assert ["t"] == collect(store.root, grace_s=0).reclaimed
+    assert [done.seq] == present(store, "t")
+    assert Path(store.objects.path(plan_id(plan))).exists()
+    summary = castore.fsck.Summary()
+    errors = [
+        f"{f.code} {f.path}"
+        for f in castore.fsck.check_store(store.root, jobs=1, summary=summary)
+        if f.severity.value == "error"
+    ]
+    assert ([], 0) == (errors, summary.exit_status)
+    assert store.status("t").forgotten
+    code, out, _ = cli(capsys, "--store", str(store.root), "brief", "t")
+    assert (0, True) == (code, "forgotten" in out.lower())
