@@ -36,6 +36,7 @@ make_golden = _load_tool()
 SETS = sorted(p.parent for p in GOLDEN.glob("v*/*/expected.json"))
 V1 = GOLDEN / "v1"
 V2 = GOLDEN / "v2"
+V2_DEV = GOLDEN / "v2-dev"  # written before format 2's revision (issue 23): the legacy mark
 
 
 def expected_of(golden: Path) -> dict[str, Any]:
@@ -59,6 +60,7 @@ def test_the_v2_set_is_there() -> None:
     truncated pack, a damaged sealed mark, a missing tree part)."""
     expected = {"clean"} | set(make_golden.DAMAGE) | set(make_golden.DAMAGE_V2)
     assert expected == {p.name for p in SETS if p.parent.name == "v2"}
+    assert expected == {p.name for p in SETS if p.parent.name == "v2-dev"}
 
 
 @pytest.mark.parametrize("golden", SETS, ids=lambda p: f"{p.parent.name}/{p.name}")
@@ -134,11 +136,22 @@ def test_v2_clean_store_holds_every_v2_kind(tmp_path: Path) -> None:
     root = materialize(V2 / "clean", tmp_path)
     kinds = {p.read_bytes().split(b" ", 3)[2] for p in (root / "objects").rglob("*") if p.is_file()}
     assert {b"raw", b"tree", b"pack"} <= kinds
-    assert (root / "tasks" / "sealed" / "sealed").is_file()
-    assert (root / "tasks" / "sealed-finished" / "sealed").is_file()
+    for task in ("sealed", "sealed-finished"):
+        assert (root / "tasks" / task / "marks" / "0000000000000000").is_file()
+        assert not (root / "tasks" / task / "sealed").exists()
     store = castore.Store.open(root)
     assert "mid-plan" == store.history("forked")[-1][1].fork.task  # type: ignore[union-attr]
     assert store.status("forgotten").forgotten
+
+
+def test_the_pre_revision_v2_store_holds_the_legacy_mark(tmp_path: Path) -> None:
+    """The v2 store written before format 2's revision keeps its single `sealed` file per
+    sealed task (and no marks/): it is read as the mark, so its tasks resume as recorded."""
+    root = materialize(V2_DEV / "clean", tmp_path)
+    for task in ("sealed", "sealed-finished"):
+        assert (root / "tasks" / task / "sealed").is_file()
+        assert not (root / "tasks" / task / "marks").exists()
+        assert castore.Store.open(root).status(task).error is None
 
 
 def test_a_fork_s_outcomes_tree_is_named_in_fsck(tmp_path: Path) -> None:
