@@ -87,20 +87,27 @@ REWRITES: dict[str, tuple[Callable[[CastoreSaver], None], list[int]]] = {
 
 
 class Paused:
-    """Holds a saver at the first call of one of its store's methods until `go` is set
-    (`forget`: a rewrite's switch, the commit after its copy; `put_tree`: a rewrite about to
-    commit its intent); `reached` is set when it gets there."""
+    """Holds a saver at the `nth` call of one of its store's methods until `go` is set
+    (`forget` 1: a rewrite's switch, the commit after its copy; `put_tree` 1: a rewrite about
+    to commit its intent, 3: its copy holding its meta event only); `reached` is set there."""
 
     def __init__(
-        self, saver: CastoreSaver, monkeypatch: pytest.MonkeyPatch, method: str = "forget"
+        self,
+        saver: CastoreSaver,
+        monkeypatch: pytest.MonkeyPatch,
+        method: str = "forget",
+        nth: int = 1,
     ) -> None:
         self.reached, self.go = threading.Event(), threading.Event()
         original = getattr(saver.store, method)
+        calls = []
 
         def paused(*args: Any, **kwargs: Any) -> Any:
-            self.reached.set()
-            if not self.go.wait(60):
-                raise AssertionError("the test never let the saver go on")
+            calls.append(method)
+            if len(calls) == nth:
+                self.reached.set()
+                if not self.go.wait(60):
+                    raise AssertionError("the test never let the saver go on")
             return original(*args, **kwargs)
 
         monkeypatch.setattr(saver.store, method, paused)
@@ -137,16 +144,17 @@ def test_a_reader_during_a_rewrite_commits_nothing_and_then_sees_what_it_kept(
     assert [live_generation(tmp_path)] == live_tasks(tmp_path)
 
 
+@pytest.mark.parametrize(("method", "nth"), [("forget", 1), ("put_tree", 3)])
 def test_a_delete_during_a_paused_prune_wins_and_the_copy_never_becomes_live(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str, nth: int
 ) -> None:
     """delete_thread (by a saver that read the thread before the prune began) committed while
-    the prune waits at its switch: the prune gets ConflictError and the thread stays deleted,
-    also after a later put and prune."""
+    the prune waits at its switch or in the middle of its copy: the prune gets ConflictError
+    and the thread stays deleted, also after a later put and prune."""
     build(tmp_path)
     with CastoreSaver(tmp_path) as pruner, CastoreSaver(tmp_path) as deleter:
         assert [2, 1, 0] == values(deleter)
-        paused = Paused(pruner, monkeypatch)
+        paused = Paused(pruner, monkeypatch, method, nth)
         with ThreadPoolExecutor(1) as pool:
             done = pool.submit(pruner.prune, ["p"])
             assert paused.reached.wait(60)
