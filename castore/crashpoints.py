@@ -69,14 +69,17 @@ LAB_POINTS = (
     "agent.answered",
 )
 
+# castore.langgraph's rewrite of a thread (prune, delete_for_runs), between its commits.
+LG_POINTS = ("lgprune.intent", "lgprune.copy_started", "lgprune.copied", "lgprune.switched")
+
 
 def _parse(var: str) -> tuple[str, int] | None:
     spec = os.environ.get(var)
     if not spec:
         return None
     name, _, nth = spec.partition(":")
-    if name not in POINTS and name not in LAB_POINTS:
-        known = ", ".join((*POINTS, *LAB_POINTS))
+    if name not in (*POINTS, *LAB_POINTS, *LG_POINTS):
+        known = ", ".join((*POINTS, *LAB_POINTS, *LG_POINTS))
         raise ValueError(f"{var}={spec!r}: unknown crash point; known: {known}")
     return name, int(nth) if nth else 1
 

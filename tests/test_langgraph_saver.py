@@ -313,38 +313,3 @@ def test_prune_keep_latest_moves_the_thread_to_a_new_task_and_forgets_the_old(
     assert [message(i) for i in range(5)] == kept[0].checkpoint["channel_values"]["messages"]
     assert [("task", "messages", [message(5)])] == kept[0].pending_writes
     assert 6 == len(after.checkpoint["channel_values"]["messages"])
-
-
-PRUNER = """
-import sys
-from castore.langgraph import CastoreSaver
-saver = CastoreSaver(sys.argv[1])
-saver.prune(["p"], strategy="keep_latest")
-print("pruned", flush=True)
-"""
-
-
-@pytest.mark.parametrize(
-    ("point", "pruned"), [("commit.before_link:4", False), ("commit.linked:4", True)]
-)
-def test_sigkill_during_prune_leaves_the_whole_thread_or_the_pruned_one(
-    tmp_path: Path, children: list[subprocess.Popen[str]], point: str, pruned: bool
-) -> None:
-    """prune copies the latest checkpoint into a new task (3 commits), then forgets the old
-    task (the 4th, the switch): killed before the switch, the thread is whole and the copy
-    is abandoned (forgotten on the next read); killed after it, the thread is pruned."""
-    with CastoreSaver(tmp_path) as saver:
-        parent = None
-        for step in range(3):
-            parent = put(saver, "p", {"n": step}, parent)
-    child = spawn_child(children, PRUNER, str(tmp_path), crash=point)
-    child.communicate(timeout=60)
-    assert -signal.SIGKILL == child.returncode
-    with CastoreSaver(tmp_path) as saver:
-        found = [t.checkpoint["channel_values"]["n"] for t in saver.list(config("p"))]
-        copy = saver.store.status(task_base("p", "") + "_g1")
-        saver.prune(["p"], strategy="keep_latest")
-        again = [t.checkpoint["channel_values"]["n"] for t in saver.list(config("p"))]
-    assert ([2] if pruned else [2, 1, 0]) == found
-    assert copy.forgotten is not pruned
-    assert [2] == again

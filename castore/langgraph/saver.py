@@ -107,10 +107,18 @@ class CastoreSaver(BaseCheckpointSaver[str]):
 
     def _bases(self, thread_id: str | None) -> builtins.list[str]:
         """Every namespace base in the store (of `thread_id` only, if given)."""
+        return sorted(self._namespaces(thread_id))
+
+    def _namespaces(self, thread_id: str | None) -> dict[str, builtins.list[str]]:
+        """Every namespace base in the store (of `thread_id` only, if given), each with the
+        ids of its tasks (generations) listed now: a rewrite or delete forgets the abandoned
+        copies among them (generations.forget_abandoned)."""
         prefix = names.thread_prefix(str(thread_id)) if thread_id is not None else names.PREFIX
-        found = {base for task in self.store.tasks() if (base := names.base_of(task))}
-        found |= set(self._states)
-        return sorted(base for base in found if base.startswith(prefix))
+        found: dict[str, builtins.list[str]] = {base: [] for base in self._states}
+        for task in self.store.tasks():
+            if (base := names.base_of(task)) is not None:
+                found.setdefault(base, []).append(task)
+        return {base: tasks for base, tasks in found.items() if base.startswith(prefix)}
 
     def _known_state(self, base: str, *, fresh: bool = True) -> ThreadState:
         state = self._states.get(base)
@@ -276,8 +284,8 @@ class CastoreSaver(BaseCheckpointSaver[str]):
         """Forget every namespace of the thread (castore forget: gc reclaims what only it
         held); the thread id can be used again, as a new generation."""
         with self._mutex:
-            for base in self._bases(thread_id):
-                self._known_state(base).forget()
+            for base, listed in sorted(self._namespaces(thread_id).items()):
+                self._known_state(base, fresh=False).forget(listed)
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete every checkpoint whose metadata names one of `run_ids`, in every thread:
@@ -287,7 +295,7 @@ class CastoreSaver(BaseCheckpointSaver[str]):
         if not wanted:
             return
         with self._mutex:
-            for base in self._bases(None):
+            for base, listed in sorted(self._namespaces(None).items()):
                 state = self._known_state(base)
                 kept = [
                     checkpoint_id
@@ -295,7 +303,7 @@ class CastoreSaver(BaseCheckpointSaver[str]):
                     if saved.header["metadata"].get("run_id") not in wanted
                 ]
                 if len(kept) < len(state.saved):
-                    state.keep_only(kept)
+                    state.keep_only(kept, listed)
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every namespace of a thread to another: its events again, naming the same
@@ -320,10 +328,10 @@ class CastoreSaver(BaseCheckpointSaver[str]):
                 if strategy == "delete":
                     self.delete_thread(thread_id)
                     continue
-                for base in self._bases(thread_id):
+                for base, listed in sorted(self._namespaces(thread_id).items()):
                     state = self._known_state(base)
                     if len(state.saved) > 1:
-                        state.keep_only([max(state.saved)])
+                        state.keep_only([max(state.saved)], listed)
 
     # -- async twins: the same work in a worker thread, never on the event loop ----------
     async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

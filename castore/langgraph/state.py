@@ -9,6 +9,8 @@ LangGraph's serializer's bytes (parts.py's encoding, base64), its parts named by
 - "w" writes: header {checkpoint_id, task_id, task_path, writes: [[channel, idx], ...],
   inline}; "x<i>" = the value of writes[i] ("x<i>.<j>": a list's elements); only the writes
   first-write-wins lets in.
+- "i" intent: header {"keep": checkpoint ids}; a rewrite (prune, delete_for_runs) starts by
+  committing it, and its copy is the successor of this event's snapshot (generations.py).
 Names and ids live in the serializer's bytes, never in a tree's own fields or part names,
 so a hostile thread id or channel name is never judged as castore data.
 """
@@ -16,12 +18,14 @@ so a hostile thread id or channel name is never judged as castore data.
 from __future__ import annotations
 
 import base64
+from collections.abc import Collection
 from typing import Any
 
 import attrs
 
-from castore.errors import ConflictError, TaskExistsError, TaskForgottenError
-from castore.langgraph import names
+from castore import crashpoints
+from castore.errors import ConflictError, TaskExistsError
+from castore.langgraph import generations, names
 from castore.langgraph.deps import WRITES_IDX_MAP
 from castore.langgraph.parts import ListInfo, Parts
 from castore.langgraph.threadlog import ThreadLog
@@ -69,49 +73,28 @@ class ThreadState:
         self.base = base  # names.task_base(thread_id, ns)
         self.thread_id: str | None = None
         self.checkpoint_ns: str | None = None
-        self.generation = 0
         self.log: ThreadLog | None = None
         self.load()
 
     # -- loading -------------------------------------------------------------------------
     def load(self) -> None:
-        """Find the live generation (the first not forgotten) and index its log."""
+        """Find the live generation (generations.py: the commit points decide it, nothing
+        is written) and index its log."""
         if self.log is not None:
             self.log.close()
         self.log = None
+        self._reset()
+        self.live = generations.find_live(self.store, self.base)
+        self.task, self.log = self.live.task, self.live.log
+        if self.log is not None:
+            for tree_id in self.log.entries:
+                self._apply(tree_id)
+
+    def _reset(self) -> None:
         self.saved: dict[str, Saved] = {}
         self.blobs: dict[tuple[str, Any], str | None] = {}
         self.inline: dict[tuple[str, Any], Any] = {}  # small values kept in a put's header
         self.latest_value: dict[str, str] = {}  # channel -> id of its last stored value
-        generation = 0
-        while True:
-            try:
-                log = ThreadLog.open(self.store, names.generation(self.base, generation))
-            except TaskForgottenError:
-                generation += 1
-                continue
-            break
-        self.generation, self.log = generation, log
-        if log is None:
-            return
-        self._next_free(generation + 1)
-        for tree_id in log.entries:
-            self._apply(tree_id)
-
-    def _next_free(self, generation: int) -> int:
-        """The first generation from `generation` on that was never started. A later one
-        that is live while an earlier one lives is a rewrite (keep_only) cut short before
-        its switch: that copy is abandoned, forgotten here."""
-        while True:
-            try:
-                log = ThreadLog.open(self.store, names.generation(self.base, generation))
-            except TaskForgottenError:
-                generation += 1
-                continue
-            if log is None:
-                return generation
-            log.forget(why="an interrupted LangGraph prune or delete_for_runs")
-            generation += 1
 
     def _apply(self, tree_id: str) -> None:
         tree = self.store.get_tree(TreeRef(tree_id))
@@ -174,14 +157,14 @@ class ThreadState:
     def copy_event(self, tree_id: str) -> None:
         """Append another namespace's event (same objects): copy_thread."""
         tree = self.store.get_tree(TreeRef(tree_id))
-        if isinstance(tree.data, dict) and tree.data.get("k") != "m":
+        if isinstance(tree.data, dict) and tree.data.get("k") not in ("m", "i"):
             self._log().append(TreeRef(tree_id))
             self._apply(tree_id)
 
     def _log(self) -> ThreadLog:
         """The log, started (with its meta event) on the first write of a generation."""
         if self.log is None:
-            task = names.generation(self.base, self.generation)
+            task = self.task
             try:
                 self.log = ThreadLog.create(self.store, task)
             except TaskExistsError as exc:
@@ -270,29 +253,70 @@ class ThreadState:
             made = self.make_tree("w", header, refs)
         self.commit_tree(made)
 
-    def keep_only(self, keep: list[str]) -> None:
+    def keep_only(self, keep: list[str], listed: Collection[str] = ()) -> None:
         """Rewrite the namespace as its next generation holding only the checkpoints in
-        `keep` (each with every value it reads, and its writes), then forget this one, so
-        gc gives the rest of the disk back (prune, delete_for_runs). The forget is the
-        switch: a crash before it leaves this generation live and the copy abandoned
-        (`load`); a writer that appended meanwhile makes it ConflictError, copy abandoned."""
+        `keep` (each with every value it reads, and its writes), so gc gives the rest of the
+        disk back (prune, delete_for_runs). Commits the intent X into this generation, copies
+        into X's successor, then switches: forget(only_if_head=X). Anything else reaching this
+        generation's next slot first (a put, another rewrite, a delete) makes it
+        ConflictError, the copy abandoned for good; so does a crash before the switch.
+        `listed`: a task listing taken before, whose abandoned copies are then forgotten."""
         old = self.log
         if old is None:
             return
-        head = old.head_id
-        events = []
-        for checkpoint_id in sorted(c for c in keep if c in self.saved):
-            events += self._full_events(self.saved[checkpoint_id])
-        self.log, self.generation = None, self._next_free(self.generation + 1)
-        self.saved, self.blobs, self.inline, self.latest_value = {}, {}, {}, {}
-        for kind, header, refs in events:
-            self.append(kind, header, refs)
+        kept = sorted(c for c in keep if c in self.saved)
+        events = [event for c in kept for event in self._full_events(self.saved[c])]
         try:
-            old.forget(why="LangGraph prune or delete_for_runs", only_if_head=head)
+            self.append("i", {"keep": kept}, {})
         except ConflictError:
-            self.load()  # the old generation is live and the copy abandoned
+            self.load()  # another writer appended since this saver read: nothing was copied
             raise
+        crashpoints.reach("lgprune.intent")
+        intent = old.head_id
+        copy = names.successor(self.base, intent)
+        try:
+            self._copy(copy, events)
+            old.forget(
+                who=generations.SWITCH_WHO,
+                why="LangGraph prune or delete_for_runs",
+                only_if_head=intent,
+            )
+        except BaseException as exc:
+            old.close()
+            self._abandon(old.task_id, copy, lost=isinstance(exc, ConflictError))
+            raise
+        crashpoints.reach("lgprune.switched")
         self.load()
+        generations.forget_abandoned(self.store, self.base, listed, self.live)
+
+    def _copy(self, task: str, events: list[tuple[str, Any, dict[str, str]]]) -> None:
+        """Start generation `task` and append `events` to it (the copy of a rewrite)."""
+        self.log, self.task = None, task
+        self._reset()
+        for number, (kind, header, refs) in enumerate(events):
+            self.append(kind, header, refs)
+            if number == 0:
+                crashpoints.reach("lgprune.copy_started")
+        crashpoints.reach("lgprune.copied")
+
+    def _abandon(self, task: str, copy: str, *, lost: bool) -> None:
+        """After a rewrite of generation `task` failed: the live generation read again (what
+        the commit points say, whatever the rewrite got to), and the copy forgotten if the
+        switch was lost (this rewrite alone could switch to it, and gives up)."""
+        started = self.log is not None and self.task == copy
+        if self.log is not None:
+            self.log.close()
+        # Until load succeeds, a put finds `task` taken (ConflictError), never the copy.
+        self.log, self.task = None, task
+        self._reset()
+        self.load()
+        if lost and started and copy not in (*self.live.ended, self.live.task):
+            self.store.forget(
+                copy,
+                who=generations.DELETE_WHO,
+                why="a LangGraph rewrite that lost its switch (the copy was never live)",
+                force_in_flight=True,
+            )
 
     def _full_events(self, saved: Saved) -> list[tuple[str, Any, dict[str, str]]]:
         """A put naming every value its checkpoint reads (lists by element), then its writes."""
@@ -335,12 +359,17 @@ class ThreadState:
             events.append(("w", write, write_refs))
         return events
 
-    def forget(self) -> None:
-        """Delete the namespace: its log's tasks are forgotten; the next put starts the
-        next generation."""
-        if self.log is not None:
-            self.log.forget(why="LangGraph delete_thread")
+    def forget(self, listed: Collection[str] = ()) -> None:
+        """Delete the namespace: its live generation is forgotten, and the next put starts
+        a fresh one (generations.py). A generation another saver switched away first is
+        followed: its successor is forgotten too. `listed` as for keep_only."""
         self.load()
+        while self.log is not None:
+            ended = self.log.forget(who=generations.DELETE_WHO, why="LangGraph delete_thread")
+            self.load()
+            if not ended.already:
+                break
+        generations.forget_abandoned(self.store, self.base, listed, self.live)
 
     def moved(self) -> bool:
         return self.log is not None and self.log.moved()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 from castore.errors import TaskNotFoundError, UsageError
+from castore.forget import Forgotten
 from castore.layout import CHAIN_DIR, slot_name
 from castore.records import Plan
 from castore.run import Run
@@ -83,19 +84,19 @@ class ThreadLog:
             run.seal_now()
 
     @property
-    def head_id(self) -> str | None:
-        return self._run.head_id if self._run is not None else None
+    def head_id(self) -> str:
+        """The id of the log's last snapshot as this log knows it."""
+        if self._run is None:
+            raise UsageError(f"the log of {self.task_id!r} is closed")
+        return self._run.head_id
 
-    def forget(self, *, why: str, only_if_head: str | None = None) -> None:
+    def forget(self, *, who: str, why: str, only_if_head: str | None = None) -> Forgotten:
         """End the log for good (a tombstone through the commit point); gc reclaims it.
-        `only_if_head`: ConflictError unless HEAD is still that snapshot."""
+        `who` says which generation follows (generations.py). `only_if_head`: ConflictError
+        unless HEAD is still that snapshot."""
         self.close()
-        self.store.forget(
-            self.task_id,
-            who="castore.langgraph",
-            why=why,
-            force_in_flight=True,
-            only_if_head=only_if_head,
+        return self.store.forget(
+            self.task_id, who=who, why=why, force_in_flight=True, only_if_head=only_if_head
         )
 
     def close(self) -> None:
