@@ -16,6 +16,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
@@ -91,7 +92,6 @@ def worlds(
         return made
 
     monkeypatch.setattr(TaskSlots, "commit", commit)
-    monkeypatch.setattr(castore.store, "SEAL_EVERY", 2)
 
     # Thousands of small stores: in memory where the machine has a tmpfs (fsync is free
     # there, and what is checked is the order of operations, not durability).
@@ -233,6 +233,7 @@ def stalled_sealer(
     (no lock) resumes the task, pays, commits s4, s5. Both seal every 2 commits."""
     holder: list[World] = []
     inline_sealing(monkeypatch, lambda: holder[-1], "b")
+    monkeypatch.setattr(castore.store, "SEAL_EVERY", 2)
 
     def scenario(scheduler: Scheduler) -> Callable[[Trace], list[str]]:
         world = worlds(scheduler)
@@ -361,6 +362,7 @@ def test_self_test_a_mark_replaced_in_place_breaks_a_forgotten_task(
 ) -> None:
     """Self-test: with the mark one file replaced by rename, the sealer's older mark lands over
     gc's reclaim mark in some order, and the forgotten task no longer verifies."""
+    monkeypatch.setattr(castore.store, "SEAL_EVERY", 2)
     replace_marks_in_place(monkeypatch)
     found = explore(forget_during_seal(worlds), FORGET_GC, stop_when=breaks_a_chain)
     assert broken_chains(found), report(found)
@@ -409,3 +411,120 @@ def test_gc_racing_a_commit_every_order(worlds: Callable[[Scheduler], World]) ->
     print(f"\ngc racing a commit: {found.summary()}")
     assert [] == found.failures, report(found)
     assert found.runs > 10
+
+
+# -- scenario 4: a LangGraph thread pruned while another saver reads it and a third puts --------
+LG_PRUNE = {
+    "pruner": frozenset(
+        {"lgprune.intent", "lgprune.copy_started", "lgprune.copied", "commit.done"}
+    ),
+    "reader": frozenset(),
+    "put": frozenset(),
+}
+
+
+def lg_prune(
+    worlds: Callable[[Scheduler], World],
+) -> Callable[[Scheduler], Callable[[Trace], list[str]]]:
+    """Checkpoints 0, 1, 2 of thread p; `pruner` keeps the latest; `reader` (a saver of its
+    own) reads the thread; `put` (another saver, which read the thread before) adds 3."""
+    lg = pytest.importorskip("castore.langgraph")
+    from langgraph.checkpoint.base import empty_checkpoint  # noqa: PLC0415 - behind the extra
+
+    def put(saver: Any, n: int, parent: Any) -> Any:
+        checkpoint = empty_checkpoint()
+        versions = {"n": saver.get_next_version(None, None)}
+        checkpoint["channel_values"] = {"n": n}
+        checkpoint["channel_versions"] = versions
+        metadata = {"source": "loop", "step": n, "parents": {}}
+        return saver.put(parent, checkpoint, metadata, versions)
+
+    def values(saver: Any) -> list[int]:
+        return [t.checkpoint["channel_values"]["n"] for t in saver.list(THREAD)]
+
+    def scenario(scheduler: Scheduler) -> Callable[[Trace], list[str]]:
+        world = worlds(scheduler)
+        root = world.store.root
+        with lg.CastoreSaver(root) as saver:
+            parent = THREAD
+            for n in range(3):
+                parent = put(saver, n, parent)
+        putter = lg.CastoreSaver(root)
+        putter.get_tuple(THREAD)  # it has read the thread: its put races the prune
+        seen: list[list[int]] = []
+
+        def prune() -> None:
+            with lg.CastoreSaver(root) as pruning:
+                pruning.prune(["p"])
+
+        def read() -> None:
+            with lg.CastoreSaver(root) as reading:
+                seen.append(values(reading))
+
+        def put_three() -> None:
+            try:
+                put(putter, 3, parent)
+            finally:
+                putter.close()
+
+        scheduler.spawn("pruner", prune)
+        scheduler.spawn("reader", read)
+        scheduler.spawn("put", put_three)
+
+        def check(trace: Trace) -> list[str]:
+            problems = check_world(world, trace)
+            with lg.CastoreSaver(root) as after:
+                final = values(after)
+            if "put" not in trace.errors and 3 not in final:
+                problems.append(f"an acknowledged put is gone: the thread holds {final}")
+            if final[:1] not in ([3], [2]):
+                problems.append(f"the thread's latest is not the last put: {final}")
+            if seen and seen[0] not in ([2, 1, 0], [2], [3, 2, 1, 0], [3, 2], [3]):
+                problems.append(f"the reader saw {seen[0]}")
+            return problems
+
+        return check
+
+    return scenario
+
+
+THREAD: Any = {"configurable": {"thread_id": "p", "checkpoint_ns": ""}}
+
+
+def test_a_langgraph_prune_a_reader_and_a_put_every_order(
+    worlds: Callable[[Scheduler], World],
+) -> None:
+    """A prune (intent, copy, switch) against a reading saver and a racing put: in no order does
+    the reader commit, an acknowledged put vanish, or the thread lose its latest checkpoint."""
+    found = explore(lg_prune(worlds), LG_PRUNE)
+    print(f"\nLangGraph prune, reader, put: {found.summary()}")
+    assert [] == found.failures, report(found)
+    assert found.runs > 10
+
+
+def test_self_test_a_reader_that_repairs_is_caught(
+    monkeypatch: pytest.MonkeyPatch, worlds: Callable[[Scheduler], World]
+) -> None:
+    """Self-test: a saver that, when it loads a thread, forgets every other started copy of the
+    namespace as an interrupted prune (what castore.langgraph did before issue 23) commits
+    from a read, and some order shows it."""
+    generations = pytest.importorskip("castore.langgraph.generations")
+    names = pytest.importorskip("castore.langgraph.names")
+    real = generations.find_live
+
+    def repairing(store: castore.Store, base: str) -> Any:
+        live = real(store, base)
+        for task in store.tasks():
+            if (
+                names.base_of(task) == base
+                and task != live.task
+                and not store.status(task).forgotten
+            ):
+                store.forget(task, who="reader", why="looks abandoned", force_in_flight=True)
+        return live
+
+    monkeypatch.setattr(generations, "find_live", repairing)
+    found = explore(
+        lg_prune(worlds), LG_PRUNE, stop_when=lambda f: any("a reader" in p for p in f.problems)
+    )
+    assert any("a reader committed" in p for f in found.failures for p in f.problems), report(found)
