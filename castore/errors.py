@@ -540,8 +540,11 @@ class PlanDriftError(ResumeRefusedError):
         self.diff = diff
         super().__init__(
             f"task {task_id!r} was started with plan {expected[:16]} but resume was given plan "
-            f"{actual[:16]}:\n{diff}\nResume with the original plan, or accept the change "
-            "explicitly with an audited override (who, why)",
+            f"{actual[:16]}:\n{diff}\nIf this is another job that reused the task id, give it "
+            "a task id of its own: that is the usual fix (a task id names one job, for ever). "
+            "To continue this task, resume it with its original plan; to change a fixed plan "
+            "on purpose, accept it with an audited override: store.override(task, who=..., "
+            "why=..., plan=new_plan)",
             task_id,
         )
 

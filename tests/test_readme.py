@@ -35,6 +35,24 @@ def test_readme_example_runs_twice_in_a_fresh_directory(index: int, tmp_path: Pa
         assert (0, "") == (done.returncode, done.stderr)
 
 
+def test_readme_examples_run_one_after_another_in_one_directory(tmp_path: Path) -> None:
+    """Every example, run in turn in one directory (one ./.castore), twice: each has a task
+    id of its own, so none resumes another's task with its own plan."""
+    for round_ in range(2):
+        for index, block in enumerate(BLOCKS):
+            script = tmp_path / f"example_{index}.py"
+            script.write_text(block)
+            done = subprocess.run(
+                [sys.executable, str(script)],
+                cwd=tmp_path,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            assert (round_, index, 0, "") == (round_, index, done.returncode, done.stderr)
+
+
 def test_ci_runs_the_readme_test_command() -> None:
     """.ci/run ends with exactly the test command the README gives."""
     commands = re.findall(r"```sh\n(.*?)```", README.read_text(), re.S)[0].strip().splitlines()
