@@ -74,6 +74,10 @@ class Brief:
     data: dict[str, Any]
     tokens: int
 
+    def __str__(self) -> str:
+        """The text, so that `print(run.brief())` prints the brief itself."""
+        return self.text
+
 
 def make_brief(
     source: VerifiedChain | TaskView | Run,

@@ -313,3 +313,14 @@ def test_a_growing_task_briefs_its_decided_steps_next_decision_and_finish(
     assert later.data["finished"]
     assert ["think-1", "note-1", "think-2", "charge"] == [r["step"] for r in later.data["recent"]]
     assert later.data["recent"][-1]["receipt"].startswith("receipt-")
+
+
+def test_printing_a_brief_prints_its_text(
+    store: castore.Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`print(run.brief())` prints the brief's text, not the record's repr."""
+    run = _interrupted(store)
+    made = run.brief()
+    run.close()
+    print(made)
+    assert (made.text + "\n", made.text) == (capsys.readouterr().out, str(made))

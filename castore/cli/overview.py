@@ -96,7 +96,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     counts = summary(statuses)
     if args.json:
         for status in statuses:
-            emit_json(status.to_json())
+            emit_json(status.to_dict())
         emit_json({"summary": counts})
     elif not statuses:
         print(

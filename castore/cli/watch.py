@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import os
 import queue
@@ -40,7 +39,7 @@ def alert_line(alert: Alert) -> str:
 
 
 def alert_json(alert: Alert) -> str:
-    return json.dumps(alert.to_json(), sort_keys=True, ensure_ascii=False)
+    return alert.to_json()
 
 
 class Hooks:
