@@ -324,3 +324,30 @@ def test_printing_a_brief_prints_its_text(
     run.close()
     print(made)
     assert (made.text + "\n", made.text) == (capsys.readouterr().out, str(made))
+
+
+def test_an_effects_age_counts_from_its_first_submission(tmp_path: Path) -> None:
+    """Age is now minus the first submission (not minus the last state change, which makes
+    an UNRESOLVED effect at HEAD always 0 s old); never negative; PLANNED: since planned."""
+    now = [1_000_000]
+    store = castore.Store.open(tmp_path / "s", create=True, clock=lambda: now[0])
+    plan = Plan.build("checkout", "a", effect("charge", "a"), effect("refund", "charge"))
+    with store.start("order-1", plan) as run:
+        run.commit_step("a", 1)
+        with pytest.raises(RuntimeError), run.effect("charge", BANK):
+            raise RuntimeError("the connection dropped after the request left")
+        now[0] += 1500
+        run.settle(BANK)
+        made = run.brief()
+        assert [1500] == [e["age_ms"] for e in made.data["unresolved"]]
+        assert "UNRESOLVED effect charge, key " in made.text
+        assert "age 1.5 s" in made.text
+        early = run.brief(now_ms=1_000_000 - 60_000)  # a clock behind the submission's
+        assert [0] == [e["age_ms"] for e in early.data["unresolved"]]
+    now[0] += 2000
+    store.resolve("order-1", "charge", receipt="ch_1", who="ana@ops")
+    with store.resume("order-1", plan) as run:
+        planned = run.brief(now_ms=now[0] + 4000)
+    assert [("refund", "PLANNED", 4000)] == [
+        (e["step"], e["state"], e["age_ms"]) for e in planned.data["effects"]
+    ]

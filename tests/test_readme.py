@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+import castore
+
 README = Path(__file__).resolve().parent.parent / "README.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
 
@@ -59,3 +61,35 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert 2 == len(commands)
     ci_lines = (README.parent / ".ci" / "run").read_text().strip().splitlines()
     assert commands[1] == ci_lines[-1]
+
+
+def _brief_sample() -> str:
+    found = re.search(r"```text\n(castore brief: .*?)```", README.read_text(), re.S)
+    assert found is not None
+    return found.group(1)
+
+
+def test_readme_brief_sample_is_what_castore_prints(tmp_path: Path) -> None:
+    """The README's brief is the brief of the run it describes (HEAD's id aside: a snapshot
+    holds its writer's random id): a refund marked UNRESOLVED 1.5 s after it was submitted."""
+    now = [1_796_140_815_500]  # 2026-12-01T16:00:15.5Z, advanced by hand below
+    store = castore.Store.open(tmp_path / "store", create=True, clock=lambda: now[0])
+    bank = castore.Service("bank")  # it can neither deduplicate nor be asked
+    plan = castore.Plan.grow("support-agent")
+    with store.open_task("ticket-4711", plan, env="git:4f2c9e1") as run:
+        for step, result in [
+            ("think-1", {"tool": "lookup_order", "order": 17}),
+            ("lookup-1", {"status": "paid twice"}),
+            ("think-2", {"tool": "refund", "cents": 4200}),
+        ]:
+            now[0] += 1000
+            run.append(step, result)
+        now[0] += 1000
+        with pytest.raises(ConnectionError), run.effect("refund-1", bank):
+            raise ConnectionError("the connection dropped after the request left")
+    with store.open_task("ticket-4711", plan, env="git:4f2c9e1") as run:
+        now[0] += 1500
+        run.settle(bank)
+        made = str(run.brief())
+    unmasked = re.compile(r"(?<=, head )[0-9a-f]{12}$", re.M)
+    assert unmasked.sub("HEAD", _brief_sample()) == unmasked.sub("HEAD", made)
