@@ -17,6 +17,7 @@ from castore.cli import (
     lookup,
     open_store,
     positive_int,
+    threads,
 )
 from castore.errors import ChainError, ObjectMissingError, UsageError
 from castore.forget import tombstone_head
@@ -54,21 +55,43 @@ def _snapshot_line(snapshot_id: str, snapshot: Snapshot) -> str:
 
 
 def cmd_log(args: argparse.Namespace) -> int:
+    if args.thread is not None and args.task is not None:
+        raise UsageError("give a TASK or --thread NAME, not both (see `castore log --help`)")
+    if args.task is None and args.thread is None:
+        raise UsageError(
+            "give a TASK (`castore status` lists them) or --thread NAME (see `castore log --help`)"
+        )
     store = open_store(args)
+    tasks = _log_tasks(store, args)
+    status = EXIT_OK
+    for task in tasks:
+        if len(tasks) > 1 and not args.json:
+            print(f"task {display_name(task)}:")
+        status = max(status, _log_task(store, task, args))
+    return status
+
+
+def _log_tasks(store: Store, args: argparse.Namespace) -> list[str]:
+    """The task named, or the tasks of the LangGraph thread `--thread` names."""
+    found = threads.selected(args, store.tasks() if args.thread is not None else ())
+    return [str(args.task)] if found is None else found
+
+
+def _log_task(store: Store, task: str, args: argparse.Namespace) -> int:
     try:
         slots = [
-            history.Slot(s.seq, store.layout.slot_path(args.task, s.seq), i, s)
-            for i, s in store.history(args.task)
+            history.Slot(s.seq, store.layout.slot_path(task, s.seq), i, s)
+            for i, s in store.history(task)
         ]
         broken = None
     except ChainError as exc:
-        reclaimed = _reclaimed(store, args.task)
+        reclaimed = _reclaimed(store, task)
         # Resuming refuses the whole chain; a person looking at it sees every intact slot.
-        slots, broken = reclaimed or history.read_slots(store, args.task), exc
+        slots, broken = reclaimed or history.read_slots(store, task), exc
         if reclaimed:
             broken = None  # a forgotten task's history below its tombstone is gc's to remove
             print(
-                f"castore: note: task {display_name(args.task)} was forgotten; gc reclaimed "
+                f"castore: note: task {display_name(task)} was forgotten; gc reclaimed "
                 "its history below the tombstone",
                 file=sys.stderr,
             )
@@ -81,7 +104,7 @@ def cmd_log(args: argparse.Namespace) -> int:
             print(history.slot_line(slot))
     if broken is None:
         return EXIT_OK
-    print(f"castore: error: {history.chain_note(args.task, broken)}", file=sys.stderr)
+    print(f"castore: error: {history.chain_note(task, broken)}", file=sys.stderr)
     return EXIT_INTEGRITY
 
 
@@ -159,7 +182,10 @@ def _slot_bytes(store: Store, ref: str, object_id: str) -> bytes | None:
 
 def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     log = verbs.add_parser("log", help="a task's chain, newest first")
-    log.add_argument("task")
+    log.add_argument(
+        "task", nargs="?", metavar="TASK", help="the task (or give --thread for a thread's)"
+    )
+    threads.add_thread_options(log)
     log.add_argument(
         "-n", type=positive_int, metavar="N", dest="count", help="only the newest N snapshots"
     )

@@ -11,7 +11,9 @@ from castore.cli import (
     EXIT_UNKNOWN_OUTCOME,
     emit_json,
     open_store,
+    threads,
 )
+from castore.errors import UsageError
 from castore.layout import display_name, encode_task_id
 from castore.status import TaskStatus
 from castore.store import Store
@@ -90,7 +92,11 @@ def _summary_line(counts: dict[str, int]) -> str:
 
 def cmd_status(args: argparse.Namespace) -> int:
     store = open_store(args)
-    tasks = _selected_tasks(store, args.task)
+    if args.thread is not None and args.task is not None:
+        raise UsageError("give a TASK (or glob) or --thread NAME, not both")
+    tasks = threads.selected(args, store.tasks() if args.thread is not None else ())
+    if tasks is None:
+        tasks = _selected_tasks(store, args.task)
     statuses = [store.status(task, verify=args.verify) for task in tasks]
     statuses = [status for status in statuses if _wanted(status, args)]
     counts = summary(statuses)
@@ -120,6 +126,7 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="TASK",
         help="one task, or a glob such as 'order-*' (default: all)",
     )
+    threads.add_thread_options(status)
     status.add_argument("--open", action="store_true", help="only tasks with open effects")
     status.add_argument(
         "--unresolved", action="store_true", help="only tasks with an UNRESOLVED effect"
