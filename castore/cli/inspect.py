@@ -20,7 +20,6 @@ from castore.cli import (
     threads,
 )
 from castore.errors import ChainError, ObjectMissingError, UsageError
-from castore.forget import tombstone_head
 from castore.layout import display_name, validate_object_id
 from castore.records import Snapshot
 from castore.refs import TaskSlots
@@ -85,7 +84,8 @@ def _log_task(store: Store, task: str, args: argparse.Namespace) -> int:
         ]
         broken = None
     except ChainError as exc:
-        reclaimed = _reclaimed(store, task)
+        tombstone = history.reclaimed_tombstone(store, task)
+        reclaimed = [tombstone] if tombstone is not None else []
         # Resuming refuses the whole chain; a person looking at it sees every intact slot.
         slots, broken = reclaimed or history.read_slots(store, task), exc
         if reclaimed:
@@ -106,20 +106,6 @@ def _log_task(store: Store, task: str, args: argparse.Namespace) -> int:
         return EXIT_OK
     print(f"castore: error: {history.chain_note(task, broken)}", file=sys.stderr)
     return EXIT_INTEGRITY
-
-
-def _reclaimed(store: Store, task_id: str) -> list[history.Slot]:
-    """The tombstone alone, as log shows a forgotten task whose history gc reclaimed (or
-    [] if the task's HEAD is no tombstone, or its older slots are still there to show)."""
-    slots = TaskSlots(store.layout, store.objects, task_id)
-    try:
-        found = tombstone_head(slots)
-    except ChainError:
-        return []
-    if found is None or slots.exists(0):
-        return []
-    seq = found.head.seq
-    return [history.Slot(seq, slots.path(seq), found.head_id, found.head)]
 
 
 def _slot_json(slot: history.Slot) -> dict[str, Any]:

@@ -60,7 +60,27 @@ def _selected_tasks(store: Store, pattern: str | None) -> list[str]:
     if _GLOB_CHARS.isdisjoint(pattern):
         encode_task_id(pattern)
         return [pattern]
+    _refuse_unclosed_set(pattern)
     return [task for task in store.tasks() if fnmatch.fnmatchcase(task, pattern)]
+
+
+def _refuse_unclosed_set(pattern: str) -> None:
+    """UsageError for a '[' that no ']' closes: fnmatch would match it as a plain '[', so
+    the glob a person meant ('ord[12]' cut short) would silently list nothing."""
+    index = 0
+    while (index := pattern.find("[", index)) != -1:
+        end = index + 1
+        if end < len(pattern) and pattern[end] == "!":
+            end += 1
+        if end < len(pattern) and pattern[end] == "]":
+            end += 1  # a ']' first in the set is one of its characters
+        close = pattern.find("]", end)
+        if close == -1:
+            raise UsageError(
+                f"{pattern!r}: the '[' at {index} opens a set of characters that no ']' "
+                "closes; close it (as in 'order-[12]'), or match a '[' itself with '[[]'"
+            )
+        index = close + 1
 
 
 def _wanted(status: TaskStatus, args: argparse.Namespace) -> bool:
