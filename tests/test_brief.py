@@ -78,7 +78,7 @@ def test_same_state_gives_same_bytes_from_run_store_and_cli(
     code, out, _ = cli(capsys, "--store", str(store.root), "brief", "order-17")
     assert (0, expected) == (code, out)
     code, out, _ = cli(capsys, "--store", str(store.root), "brief", "order-17", "--json")
-    assert (0, store.brief("order-17").data) == (code, json.loads(out))
+    assert (0, {"type": "brief", **store.brief("order-17").data}) == (code, json.loads(out))
     assert 1 == out.count("\n")
 
 

@@ -13,7 +13,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import NoReturn
 
 import castore
@@ -109,9 +109,11 @@ def open_store(args: argparse.Namespace) -> castore.Store:
     return castore.Store.open(store_path(args))
 
 
-def emit_json(value: object) -> None:
-    """One JSON document on one line of stdout (every verb's --json output)."""
-    print(json.dumps(value, sort_keys=True, ensure_ascii=False))
+def emit_json(kind: str, value: Mapping[str, object], *, flush: bool = False) -> None:
+    """One JSON object on one line of stdout (every verb's --json output), with a "type"
+    field saying what the line is (README, "JSON output"): the verb's name for a verb that
+    prints one object, else the kind of line ("task", "finding", ..., "summary")."""
+    print(json.dumps({"type": kind, **value}, sort_keys=True, ensure_ascii=False), flush=flush)
 
 
 class _ArgumentError(Exception):

@@ -97,7 +97,7 @@ def _log_task(store: Store, task: str, args: argparse.Namespace) -> int:
             )
     for slot in slots[: args.count]:
         if args.json:
-            emit_json(_slot_json(slot))
+            emit_json(*_slot_json(slot))
         elif slot.snapshot is not None and slot.object_id is not None:
             print(_snapshot_line(slot.object_id, slot.snapshot))
         else:
@@ -108,10 +108,11 @@ def _log_task(store: Store, task: str, args: argparse.Namespace) -> int:
     return EXIT_INTEGRITY
 
 
-def _slot_json(slot: history.Slot) -> dict[str, Any]:
+def _slot_json(slot: history.Slot) -> tuple[str, dict[str, Any]]:
     if slot.snapshot is not None:
-        return {"id": slot.object_id, **codec.to_builtins(slot.snapshot)}
-    return {"seq": slot.seq, "id": slot.object_id, "path": slot.path, "problem": slot.problem}
+        return "snapshot", {"id": slot.object_id, **codec.to_builtins(slot.snapshot)}
+    damaged = {"seq": slot.seq, "id": slot.object_id, "path": slot.path, "problem": slot.problem}
+    return "damaged_slot", damaged
 
 
 def _resolve_ref(store: Store, ref: str) -> str:
@@ -145,7 +146,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     kind, body = codec.unframe(data, store.objects.path(object_id))
     value = codec.decode_value(body)
     if args.json:
-        emit_json({"id": object_id, "kind": kind, "size": len(data), "value": value})
+        emit_json("show", {"id": object_id, "kind": kind, "size": len(data), "value": value})
     else:
         print(f"{kind} {object_id} ({len(data)} bytes)")
         print(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False))
@@ -175,11 +176,15 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     log.add_argument(
         "-n", type=positive_int, metavar="N", dest="count", help="only the newest N snapshots"
     )
-    log.add_argument("--json", action="store_true", help="one JSON object per snapshot")
+    log.add_argument(
+        "--json", action="store_true", help='one JSON object per snapshot ("type": "snapshot")'
+    )
     log.set_defaults(handler=cmd_log)
     show = verbs.add_parser(
         "show", help=f"one object, decoded (ID, its first {lookup.MIN_PREFIX}+ digits, or TASK@SEQ)"
     )
     show.add_argument("id", metavar="ID")
-    show.add_argument("--json", action="store_true")
+    show.add_argument(
+        "--json", action="store_true", help='print {"type": "show", id, kind, size, value}'
+    )
     show.set_defaults(handler=cmd_show)

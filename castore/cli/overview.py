@@ -122,8 +122,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     counts = summary(statuses)
     if args.json:
         for status in statuses:
-            emit_json(status.to_dict())
-        emit_json({"summary": counts})
+            emit_json("task", status.to_dict())
+        emit_json("summary", {"summary": counts})
     elif not statuses:
         print(
             f"no {'matching ' if args.task or args.open or args.unresolved else ''}tasks in "
@@ -157,6 +157,8 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="verify each whole chain back to its plan root, as a resume does (default: HEAD only)",
     )
     status.add_argument(
-        "--json", action="store_true", help='one JSON object per task, then {"summary": {...}}'
+        "--json",
+        action="store_true",
+        help='one JSON object per task ("type": "task"), then the totals ("type": "summary")',
     )
     status.set_defaults(handler=cmd_status)
