@@ -55,6 +55,46 @@ def test_readme_examples_run_one_after_another_in_one_directory(tmp_path: Path) 
             assert (round_, index, 0, "") == (round_, index, done.returncode, done.stderr)
 
 
+def test_readme_examples_pass_a_plain_mypy_run(tmp_path: Path) -> None:
+    """A user's own mypy (no config of castore's) accepts every example as written."""
+    pytest.importorskip("langgraph")
+    files = []
+    for index, block in enumerate(BLOCKS):
+        files.append(tmp_path / f"example_{index}.py")
+        files[-1].write_text(block)
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy", "--cache-dir", str(tmp_path / "cache"), *map(str, files)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert (0, "") == (done.returncode, done.stderr), done.stdout
+
+
+def test_the_durable_tool_example_keeps_its_protection_across_restarts(tmp_path: Path) -> None:
+    """The durable_tool example keeps castore's store and the checkpoints in files, so run
+    again (a restart) it answers the call from castore: the payment is not made again."""
+    pytest.importorskip("langgraph")
+    [block] = [b for b in BLOCKS if "durable_tool(" in b]
+    assert (False, False) == ("mkdtemp" in block, ":memory:" in block)
+    script = tmp_path / "tool.py"
+    script.write_text(block)
+    outputs = []
+    for _ in range(2):
+        done = subprocess.run(
+            [sys.executable, str(script)],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        outputs.append((done.returncode, done.stdout, done.stderr))
+    assert [(0, "rcpt-1\n1\n", ""), (0, "rcpt-1\n0\n", "")] == outputs
+
+
 def test_ci_runs_the_readme_test_command() -> None:
     """.ci/run ends with exactly the test command the README gives."""
     commands = re.findall(r"```sh\n(.*?)```", README.read_text(), re.S)[0].strip().splitlines()
