@@ -111,9 +111,9 @@ def _summary_line(counts: dict[str, int]) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    store = open_store(args)
     if args.thread is not None and args.task is not None:
         raise UsageError("give a TASK (or glob) or --thread NAME, not both")
+    store = open_store(args)
     tasks = threads.selected(args, store.tasks() if args.thread is not None else ())
     if tasks is None:
         tasks = _selected_tasks(store, args.task)
