@@ -6,6 +6,7 @@ judgement here lets it be tested without threads, clocks or a filesystem.
 
 from __future__ import annotations
 
+import json
 import shlex
 from typing import Any, Literal
 
@@ -51,9 +52,14 @@ class Alert:
     message: str
     time: float
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
+        """The alert's fields as a dict of JSON values."""
         data: dict[str, Any] = attrs.asdict(self)
         return data
+
+    def to_json(self) -> str:
+        """The alert as one line of JSON text (keys sorted), ready to send or to log."""
+        return json.dumps(self.to_dict(), sort_keys=True, ensure_ascii=False)
 
 
 @attrs.frozen

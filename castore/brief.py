@@ -74,6 +74,10 @@ class Brief:
     data: dict[str, Any]
     tokens: int
 
+    def __str__(self) -> str:
+        """The text, so that `print(run.brief())` prints the brief itself."""
+        return self.text
+
 
 def make_brief(
     source: VerifiedChain | TaskView | Run,
@@ -94,6 +98,15 @@ def make_brief(
             f"every brief has take up to that); {budget_tokens!r} is not"
         )
     return _Composer(source, budget_tokens, now_ms).compose()
+
+
+def age_ms(record: EffectRecord, now_ms: int) -> int:
+    """An open effect's age in a brief: `now_ms` minus its first submission (the writer's
+    clock; the moment from which the service may have applied it, retention's origin too),
+    or minus the time it was planned if it was never submitted; never negative (a
+    submission dated after `now_ms` is clock skew, which the next action names)."""
+    since = record.first_submitted_ms if record.first_submitted_ms is not None else record.since_ms
+    return max(0, now_ms - since)
 
 
 def resolve_commands(task: str, step: str) -> list[str]:
@@ -283,7 +296,7 @@ class _Composer:
             "step": record.step,
             "state": record.state.value,
             "key": None if record.key is None else shown_value(record.key, _WIDTH["key"]),
-            "age_ms": max(0, self.now - record.since_ms),
+            "age_ms": age_ms(record, self.now),
             "attempts": record.attempts,
             "action": action.action.value,
             "reason": shown_value(action.reason, _WIDTH["reason"]),

@@ -129,7 +129,8 @@ class EncodingError(UsageError):
             + (
                 advice
                 or "use only None, bool, 64-bit int, finite float, str and lists/dicts of "
-                "those (dict keys are str), or store bytes as a blob"
+                "those (dict keys are str); store bytes with `store.put_raw(data)` and record "
+                "the RawRef it returns"
             )
         )
 
@@ -159,8 +160,8 @@ class SnapshotTooLargeError(PayloadError):
         self.biggest = biggest
         super().__init__(
             f"snapshot would be {size} bytes, over the budget of {budget}; the largest part is "
-            f"{biggest}. Store large results with `store.put_blob(value)` and record the returned "
-            "BlobRef instead"
+            f"{biggest}. Store a large result with `store.put_blob(value)` (bytes: "
+            "`store.put_raw(data)`) and record the reference it returns instead"
         )
 
 
@@ -173,7 +174,8 @@ class ObjectTooLargeError(PayloadError):
         self.limit = limit
         super().__init__(
             f"a {kind} of {size} bytes is over castore's limit of {limit} bytes for one "
-            "object; split the value into several blobs and record their BlobRefs"
+            "object; split it into several objects (`store.put_blob(value)`, bytes: "
+            "`store.put_raw(data)`) and record their references (`store.put_tree` names many)"
         )
 
 
@@ -538,8 +540,11 @@ class PlanDriftError(ResumeRefusedError):
         self.diff = diff
         super().__init__(
             f"task {task_id!r} was started with plan {expected[:16]} but resume was given plan "
-            f"{actual[:16]}:\n{diff}\nResume with the original plan, or accept the change "
-            "explicitly with an audited override (who, why)",
+            f"{actual[:16]}:\n{diff}\nIf this is another job that reused the task id, give it "
+            "a task id of its own: that is the usual fix (a task id names one job, for ever). "
+            "To continue this task, resume it with its original plan; to change a fixed plan "
+            "on purpose, accept it with an audited override: store.override(task, who=..., "
+            "why=..., plan=new_plan)",
             task_id,
         )
 

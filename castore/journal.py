@@ -175,10 +175,9 @@ def _recorded(run: Run, step_id: str, result: Any, fields: tuple[str, ...]) -> t
         encoded = codec.encode_value(result)
     except EncodingError as exc:
         raise EncodingError(
-            f"{exc.path} of the result of call {step_id!r} (task {run.task_id!r}); "
-            "nothing was recorded",
+            f"{exc.path} of the result of call {step_id!r} (task {run.task_id!r})",
             exc.reason,
-            _PLAIN,
+            f"{_not_recorded(run)}; {_PLAIN}, then {_again(run)}",
         ) from exc
     value = codec.decode_value(encoded)  # what every replay returns
     as_blob = bool(fields) or len(encoded) > INLINE_RESULT_BYTES
@@ -197,6 +196,29 @@ def _guard(run: Run, step_id: str, value: Any, base: str, fields: tuple[str, ...
     except SecretInPayloadError as exc:
         raise SecretInPayloadError(
             f"{exc.path} (the result of call {step_id!r}, task {run.task_id!r})",
-            f"{exc.why}; nothing was recorded. If it is model output you trust, vouch for "
-            f"it: run.call({step_id!r}, castore.vouch(fn, '$.field'), ...)",
+            f"{exc.why}; {_not_recorded(run)}. If it is model output you trust, vouch for "
+            f"it: run.call({step_id!r}, castore.vouch(fn, '$.field'), ...), then "
+            f"{_again(run)}",
         ) from exc
+
+
+def _not_recorded(run: Run) -> str:
+    """What a refused result leaves: nothing on a fixed plan; on a growing plan the step's
+    decision, committed before the function ran, which pins the task to that step."""
+    if not run.grows:
+        return "nothing was recorded"
+    return (
+        "the result was not recorded, but the step's decision was (committed before the call, "
+        f"at position {run.head.frontier.index}, with its arguments): the task stays at this "
+        "step until its call returns a result castore can record"
+    )
+
+
+def _again(run: Run) -> str:
+    """How the call is made again: the same code, never a value committed in its place."""
+    if not run.grows:
+        return "call it again"
+    return (
+        "run the same code on the task again (store.open_task): the same run.call at this "
+        "position, with the same step id and arguments, calls the function again"
+    )

@@ -60,10 +60,18 @@ class Replay:
             self.cursor += 1
             return Position.DONE
         if cursor > frontier.index:
+            if step_id == frontier.step:
+                raise UsageError(
+                    f"task {run.task_id!r}: step {step_id!r} (position {frontier.index}) was "
+                    "decided in this run and its work did not complete (its call raised, or "
+                    "its result could not be recorded); this run cannot start it again: open "
+                    "the task again (store.open_task) and run the same code, which does the "
+                    "step's work again with the same step id and arguments"
+                )
             raise UsageError(
                 f"task {run.task_id!r}: step {frontier.step!r} at position {frontier.index} is "
-                f"decided and not done; finish it (run.commit_step, run.perform) before "
-                f"asking for {step_id!r}"
+                "decided and not done; do its work first, with the call that decided it (the "
+                f"same run.call, run.perform or run.append), before asking for {step_id!r}"
             )
         if frontier.step is not None:
             self._check_pending(cursor, step_id, effect, args)

@@ -76,34 +76,65 @@ def resolve(
 def _in_flight(run: Run, step_id: str) -> EffectRecord:
     """The record of effect `step_id` if its outcome is open; else UsageError saying what
     the step is: not in the plan, a plain step, settled already, or not sent."""
-    task = run.task_id
-    effects = [step.id for step in run.plan.steps if step.effect]
-    listed = ", ".join(effects) if effects else "none"
     record = run.head.effect(step_id)
     if record is not None and record.state in (EffectState.SUBMITTED, EffectState.UNRESOLVED):
         return record
-    if step_id not in {step.id for step in run.plan.steps}:
-        why = f"task {task!r} has no step {step_id!r} in its plan (its effect steps: {listed})"
-    elif step_id not in effects:
-        why = (
-            f"step {step_id!r} of task {task!r} is a plain step, not an effect step (its "
-            f"effect steps: {listed}); only an effect's outcome is ever decided"
+    raise UsageError(
+        f"{_nothing_to_decide(run, step_id, record)}. Only a SUBMITTED or UNRESOLVED effect "
+        "needs a decision (see `castore status`)"
+    )
+
+
+def _nothing_to_decide(run: Run, step_id: str, record: EffectRecord | None) -> str:
+    task = run.task_id
+    effect = _is_effect(run, step_id, record)
+    if effect is None:
+        if run.grows:
+            return (
+                f"task {task!r} has no step {step_id!r}: its plan grows, and no step of that "
+                f"id was decided (`castore log {task}` lists the steps it has)"
+            )
+        return (
+            f"task {task!r} has no step {step_id!r} in its plan (its effect steps: {_listed(run)})"
         )
-    elif run.done(step_id):
-        why = (
+    if not effect:
+        listed = "" if run.grows else f" (its effect steps: {_listed(run)})"
+        return (
+            f"step {step_id!r} of task {task!r} is a plain step, not an effect step{listed}; "
+            "only an effect's outcome is ever decided"
+        )
+    if run.done(step_id):
+        return (
             f"effect {step_id!r} of task {task!r} is settled already: CONFIRMED with receipt "
             f"{run.receipt(step_id)!r}; nothing is left to decide"
         )
-    elif record is None:
-        why = f"effect {step_id!r} of task {task!r} has not been reached yet; nothing to decide"
-    else:
-        why = (
-            f"effect {step_id!r} of task {task!r} is {record.state.value}, not in flight: "
-            "it will be submitted with its key when the task resumes; nothing to decide"
-        )
-    raise UsageError(
-        f"{why}. Only a SUBMITTED or UNRESOLVED effect needs a decision (see `castore status`)"
+    if record is None:
+        return f"effect {step_id!r} of task {task!r} has not been reached yet; nothing to decide"
+    return (
+        f"effect {step_id!r} of task {task!r} is {record.state.value}, not in flight: "
+        "it will be submitted with its key when the task resumes; nothing to decide"
     )
+
+
+def _is_effect(run: Run, step_id: str, record: EffectRecord | None) -> bool | None:
+    """Whether the task's step `step_id` is an effect, or None if the task has no such step:
+    a plan step, or (a growing plan) a step decided as it ran, done or at the frontier."""
+    for step in run.plan.steps:
+        if step.id == step_id:
+            return step.effect
+    if record is not None:  # an effect has its record from its decision until CONFIRMED
+        return True
+    if run.done(step_id):
+        return run.outcome(step_id).effect
+    frontier = run.frontier_step()
+    if frontier is not None and frontier.id == step_id:
+        return frontier.effect
+    return None
+
+
+def _listed(run: Run) -> str:
+    effects = [step.id for step in run.plan.steps if step.effect]
+    return ", ".join(effects) if effects else "none"
 
 
 def override(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import attrs
@@ -47,12 +48,18 @@ class TaskStatus:
     decided: int | None = None
     plan_digest: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
+        """The status as a dict of JSON values (a fixed plan's leaves out `decided` and
+        `plan_digest`): what each task's line of `castore status --json` holds."""
         data: dict[str, Any] = codec.to_builtins(self)
         for name in _GROWING:
             if data[name] is None:
                 del data[name]
         return data
+
+    def to_json(self) -> str:
+        """The status as one line of JSON text (keys sorted)."""
+        return json.dumps(self.to_dict(), sort_keys=True, ensure_ascii=False)
 
 
 _GROWING = ("decided", "plan_digest")

@@ -78,7 +78,7 @@ def test_same_state_gives_same_bytes_from_run_store_and_cli(
     code, out, _ = cli(capsys, "--store", str(store.root), "brief", "order-17")
     assert (0, expected) == (code, out)
     code, out, _ = cli(capsys, "--store", str(store.root), "brief", "order-17", "--json")
-    assert (0, store.brief("order-17").data) == (code, json.loads(out))
+    assert (0, {"type": "brief", **store.brief("order-17").data}) == (code, json.loads(out))
     assert 1 == out.count("\n")
 
 
@@ -313,3 +313,41 @@ def test_a_growing_task_briefs_its_decided_steps_next_decision_and_finish(
     assert later.data["finished"]
     assert ["think-1", "note-1", "think-2", "charge"] == [r["step"] for r in later.data["recent"]]
     assert later.data["recent"][-1]["receipt"].startswith("receipt-")
+
+
+def test_printing_a_brief_prints_its_text(
+    store: castore.Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`print(run.brief())` prints the brief's text, not the record's repr."""
+    run = _interrupted(store)
+    made = run.brief()
+    run.close()
+    print(made)
+    assert (made.text + "\n", made.text) == (capsys.readouterr().out, str(made))
+
+
+def test_an_effects_age_counts_from_its_first_submission(tmp_path: Path) -> None:
+    """Age is now minus the first submission (not minus the last state change, which makes
+    an UNRESOLVED effect at HEAD always 0 s old); never negative; PLANNED: since planned."""
+    now = [1_000_000]
+    store = castore.Store.open(tmp_path / "s", create=True, clock=lambda: now[0])
+    plan = Plan.build("checkout", "a", effect("charge", "a"), effect("refund", "charge"))
+    with store.start("order-1", plan) as run:
+        run.commit_step("a", 1)
+        with pytest.raises(RuntimeError), run.effect("charge", BANK):
+            raise RuntimeError("the connection dropped after the request left")
+        now[0] += 1500
+        run.settle(BANK)
+        made = run.brief()
+        assert [1500] == [e["age_ms"] for e in made.data["unresolved"]]
+        assert "UNRESOLVED effect charge, key " in made.text
+        assert "age 1.5 s" in made.text
+        early = run.brief(now_ms=1_000_000 - 60_000)  # a clock behind the submission's
+        assert [0] == [e["age_ms"] for e in early.data["unresolved"]]
+    now[0] += 2000
+    store.resolve("order-1", "charge", receipt="ch_1", who="ana@ops")
+    with store.resume("order-1", plan) as run:
+        planned = run.brief(now_ms=now[0] + 4000)
+    assert [("refund", "PLANNED", 4000)] == [
+        (e["step"], e["state"], e["age_ms"]) for e in planned.data["effects"]
+    ]

@@ -37,7 +37,8 @@ def assert_one_error_line(err: str) -> None:
 def status_rows(out: str) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """`status --json` output: its task rows, and the summary object on its last line."""
     lines = [json.loads(line) for line in out.splitlines()]
-    assert set() == {"summary"} ^ set(lines[-1]), lines[-1]
+    assert ({"summary", "type"}, "summary") == (set(lines[-1]), lines[-1]["type"]), lines[-1]
+    assert ["task"] * (len(lines) - 1) == [line["type"] for line in lines[:-1]]
     return lines[:-1], lines[-1]["summary"]
 
 

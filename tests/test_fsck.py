@@ -210,10 +210,11 @@ def parse_json_output(out: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """(finding objects, summary) of `fsck --json`: one object per line, the summary last."""
     lines = [json.loads(line) for line in out.splitlines()]
     assert lines, "no output"
-    assert ["summary"] == list(lines[-1]), lines[-1]
-    rows = [line for line in lines[:-1] if "code" in line]
+    assert (["summary", "type"], "summary") == (sorted(lines[-1]), lines[-1]["type"]), lines[-1]
+    rows = [line for line in lines[:-1] if line["type"] == "finding"]
     for item in rows:
-        assert {"code", "severity", "path", "message", "object", "task", "advice"} == set(item)
+        fields = {"type", "code", "severity", "path", "message", "object", "task", "advice"}
+        assert fields == set(item)
         assert CODES[item["code"]] == (Severity(item["severity"]), item["advice"])
     return rows, lines[-1]["summary"]
 
@@ -1797,7 +1798,7 @@ def test_quarantine_moves_damaged_objects_and_deletes_nothing(
     code, out, err = cli(capsys, "fsck", world.root, "--quarantine", "--json")
     assert (1, "") == (code, err)
     lines = [json.loads(line) for line in out.splitlines()]
-    [note] = [line for line in lines if "quarantine" in line]
+    [note] = [line for line in lines if line["type"] == "quarantine"]
     assert len(damaged) == note["moved"]
     base = Path(world.root, note["quarantine"])
     assert "quarantine" == base.parent.name

@@ -151,6 +151,18 @@ def test_plan_drift_names_the_added_or_removed_step(
     assert before == tree_snapshot(store.root)
 
 
+def test_plan_drift_says_a_task_id_of_its_own_is_the_usual_fix(store: castore.Store) -> None:
+    """Another job that reuses a task id is told to take a task id of its own first."""
+    with store.open_task("order-7", PLAN) as run:
+        run.commit_step("fetch", 1)
+    with pytest.raises(castore.PlanDriftError) as caught:
+        store.open_task("order-7", castore.Plan.grow("agent"))
+    advice = str(caught.value).splitlines()[-1]
+    assert advice.startswith("If this is another job that reused the task id, give it a task id")
+    assert "the usual fix" in advice
+    assert "store.override(" in advice
+
+
 # -- 3. environment drift --------------------------------------------------------------------------
 
 

@@ -326,7 +326,7 @@ def test_status_and_fsck_of_growing_tasks(store: castore.Store) -> None:
     assert "submit" == status.next_action
     with store.start("fixed", Plan.build("p", "a")) as run:
         pass
-    assert "decided" not in store.status("fixed").to_json()
+    assert "decided" not in store.status("fixed").to_dict()
     assert [] == [f.code for f in check_store(store.root, jobs=1)]
 
 

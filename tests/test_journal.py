@@ -290,8 +290,69 @@ def test_growing_unencodable_result_leaves_the_step_decided(store: castore.Store
     """On a growing plan a result outside the data model records nothing but the decision:
     the step stays decided, not done, and the rerun calls it again."""
     with store.start(TASK, GROWING) as run:
-        with pytest.raises(EncodingError, match=r"nothing was recorded"):
+        with pytest.raises(EncodingError, match=r"the step's decision was \(committed"):
             run.call("think", object)
         assert ("think", False) == (run.next_step, run.done("think"))
     with store.resume(TASK, GROWING) as run:
+        assert "ok" == run.call("think", lambda: "ok")
+
+
+@pytest.mark.parametrize(
+    ("result", "error"),
+    [(object(), EncodingError), ({"note": LEAKED}, SecretInPayloadError)],
+    ids=["unencodable", "credential"],
+)
+def test_growing_refused_result_says_the_decision_was_committed(
+    store: castore.Store, result: object, error: type[Exception]
+) -> None:
+    """A refused result on a growing plan says the decision was committed at its position
+    and to run the same code again, never that nothing was recorded nor to commit a value
+    in the call's place; the same code on the reopened task calls the function again."""
+    with store.start(TASK, GROWING) as run:
+        run.append("look", 1)
+        with pytest.raises(error) as caught:
+            run.call("think", lambda: result)
+        decided = run.head.seq
+    message = str(caught.value)
+    assert "nothing was recorded" not in message
+    assert "commit_step" not in message
+    assert "decision was (committed before the call, at position 1" in message
+    assert "run the same code on the task again (store.open_task)" in message
+    with store.open_task(TASK, GROWING) as run:
+        assert (decided, "think") == (run.head.seq, run.next_step)
+        assert None is run.append("look", 1)
+        assert "ok" == run.call("think", lambda: "ok")
+
+
+def test_fixed_plan_refused_result_records_nothing(store: castore.Store) -> None:
+    """On a fixed plan nothing is committed before the call: the message says so."""
+    with store.start(TASK, PLAN) as run:
+        seq = run.head.seq
+        with pytest.raises(EncodingError) as caught:
+            run.call("think", object)
+        assert seq == run.head.seq
+    assert "nothing was recorded" in str(caught.value)
+    assert "commit_step" not in str(caught.value)
+
+
+def test_growing_call_that_raised_is_not_told_to_commit_a_value(store: castore.Store) -> None:
+    """A journaled call that raised leaves its step decided; asking for it (or the next step)
+    again in that run says to reopen the task and run the same code, never to commit a value
+    in its place, and the reopened task calls the function again."""
+
+    def timeout() -> str:
+        raise TimeoutError("the model did not answer")
+
+    with store.start(TASK, GROWING) as run:
+        with pytest.raises(TimeoutError):
+            run.call("think", timeout)
+        with pytest.raises(UsageError) as same:
+            run.call("think", timeout)
+        with pytest.raises(UsageError) as other:
+            run.call("act", lambda: 1)
+    for caught in (same, other):
+        assert "commit_step" not in str(caught.value)
+    assert "open the task again (store.open_task) and run the same code" in str(same.value)
+    assert "do its work first, with the call that decided it" in str(other.value)
+    with store.open_task(TASK, GROWING) as run:
         assert "ok" == run.call("think", lambda: "ok")

@@ -296,3 +296,33 @@ def test_checking_a_long_value_costs_linear_time(store: castore.Store) -> None:
         elapsed = time.perf_counter() - started
     assert value == store.verify(TASK).head.transition.result
     assert elapsed < 1.0, f"commit_step of a 60 KB value took {elapsed:.2f} s"
+
+
+@pytest.mark.parametrize(
+    "put",
+    [
+        lambda store, run: store.put_blob(b"%PDF-1.7 raw bytes"),
+        lambda store, run: run.commit_step("think", b"%PDF-1.7 raw bytes"),
+        lambda store, run: run.commit_step("think", {"pdf": bytearray(b"%PDF")}),
+    ],
+    ids=["put_blob", "commit_step", "nested"],
+)
+def test_bytes_where_a_value_belongs_names_put_raw(
+    store: castore.Store, put: Callable[[castore.Store, castore.Run], object]
+) -> None:
+    """Bytes given as a value are refused with advice naming store.put_raw, which stores them."""
+    with _open(store) as run:
+        with pytest.raises(castore.EncodingError) as caught:
+            put(store, run)
+        assert "store.put_raw(data)" in str(caught.value)
+        assert "as a blob" not in str(caught.value)
+        run.commit_step("think", store.put_raw(b"%PDF-1.7 raw bytes"))
+        assert b"%PDF-1.7 raw bytes" == run.result("think")
+
+
+def test_too_large_advice_names_put_raw_for_bytes(store: castore.Store) -> None:
+    """A snapshot over its budget is told both ways of storing by reference: put_blob, put_raw."""
+    with _open(store) as run, pytest.raises(castore.SnapshotTooLargeError) as caught:
+        run.commit_step("think", "x" * (70 * 1024))
+    assert "store.put_blob(value)" in str(caught.value)
+    assert "store.put_raw(data)" in str(caught.value)

@@ -5,6 +5,7 @@ Reads are counted by wrapping ObjectStore.read and TaskSlots.read, never timed.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -155,3 +156,13 @@ def test_a_foreign_new_slot_makes_the_extension_defer_to_the_full_walk(
     os.link(store.objects.path(other[4]), store.layout.slot_path(TASK, 4))
     with pytest.raises(ChainError, match="other-1"):
         extend_head(store.objects, store._slots(TASK), known)
+
+
+def test_status_to_json_is_text_and_to_dict_its_fields(store: castore.Store) -> None:
+    """`TaskStatus.to_json()` is one line of JSON text, `to_dict()` the dict it encodes."""
+    make_task(store, steps=2)
+    status = store.status(TASK)
+    data = status.to_dict()
+    assert (TASK, 2, "s2") == (data["task"], data["seq"], data["step"])
+    text = status.to_json()
+    assert (str, data, 0) == (type(text), json.loads(text), text.count("\n"))

@@ -488,3 +488,17 @@ def test_a_v1_store_opens_as_format_1_and_a_new_store_is_format_2(tmp_path: Path
     marker.unlink()
     marker.write_bytes(b'{"format":"castore","version":1}\n')
     assert 1 == castore.Store.open(store.root).format_version
+
+
+def test_pending_needs_each_step_committed_before_the_next(store: castore.Store) -> None:
+    """`list(run.pending())` raises the UsageError the README documents, committing nothing;
+    the steps left are read from the plan and the frontier, as the README says."""
+    with store.start(TASK, PLAN) as run:
+        seq = run.head.seq
+        with pytest.raises(castore.UsageError, match="was yielded but not committed"):
+            list(run.pending())
+        assert seq == run.head.seq
+        left = [step.id for step in run.plan.steps[run.head.frontier.index :]]
+        assert [step.id for step in PLAN.steps] == left
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert "`list(run.pending())` raises `UsageError`" in readme

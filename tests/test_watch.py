@@ -508,3 +508,20 @@ def test_a_splice_below_the_remembered_head_is_caught_by_the_rescan(
     assert 0 == alerts.count("chain", "raised")
     watcher.check_now()  # the periodic rescan
     assert "does not verify" in alerts.wait("chain", task="long-3").message
+
+
+def test_alert_to_json_is_text_and_to_dict_its_fields() -> None:
+    """`alert.to_json()` is one line of JSON text (what a pager is sent), `to_dict()` a dict."""
+    alert = Alert("unresolved", "raised", "order-17", "charge", "cas-1", "ask the service", 1.5)
+    expected = {
+        "kind": "unresolved",
+        "status": "raised",
+        "task": "order-17",
+        "step": "charge",
+        "key": "cas-1",
+        "message": "ask the service",
+        "time": 1.5,
+    }
+    assert expected == alert.to_dict()
+    text = alert.to_json()
+    assert (str, expected, 0) == (type(text), json.loads(text), text.count("\n"))

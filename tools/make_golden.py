@@ -463,7 +463,7 @@ _V2_STATUS_FIELDS = _V1_STATUS_FIELDS | {"forgotten"}
 def _status(store: castore.Store, task: str) -> dict[str, Any]:
     """Status as data: its wording (`reason`, the error's message) is for people and may
     improve; whether it is broken, and every field a program acts on, is the contract."""
-    status = store.status(task).to_json()
+    status = store.status(task).to_dict()
     status["error"] = status["error"] is not None
     del status["reason"]
     # Fields a later castore adds (v2's `forgotten`) are not what an older store must read as.

@@ -13,11 +13,11 @@ import json
 import os
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import NoReturn
 
 import castore
-from castore import errors, fsio
+from castore import errors, fsio, layout
 
 DEFAULT_STORE = ".castore"
 STORE_ENV = "CASTORE_STORE"
@@ -67,6 +67,10 @@ def parse_duration(text: str) -> float:
 
 def parse_duration_or_zero(text: str) -> float:
     """`parse_duration`, where 0 is allowed (gc's "no grace": only when nothing writes)."""
+    if text.strip().startswith("-"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: a duration cannot be negative; give 0 or more (300, 300s, 5m, 2h, 1d)"
+        )
     match = _DURATION.fullmatch(text.strip().lower())
     if match is None:
         raise argparse.ArgumentTypeError(
@@ -105,9 +109,11 @@ def open_store(args: argparse.Namespace) -> castore.Store:
     return castore.Store.open(store_path(args))
 
 
-def emit_json(value: object) -> None:
-    """One JSON document on one line of stdout (every verb's --json output)."""
-    print(json.dumps(value, sort_keys=True, ensure_ascii=False))
+def emit_json(kind: str, value: Mapping[str, object], *, flush: bool = False) -> None:
+    """One JSON object on one line of stdout (every verb's --json output), with a "type"
+    field saying what the line is (README, "JSON output"): the verb's name for a verb that
+    prints one object, else the kind of line ("task", "finding", ..., "summary")."""
+    print(json.dumps({"type": kind, **value}, sort_keys=True, ensure_ascii=False), flush=flush)
 
 
 class _ArgumentError(Exception):
@@ -160,11 +166,50 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     """The parsed command line; an argument no parser knows is reported against the verb it
     came with, so the error points at that verb's help rather than the top level's."""
     parser = build_parser()
-    args, unknown = parser.parse_known_args(argv)
+    args, unknown = parser.parse_known_args(_joined_values(parser, argv))
     if unknown:
         verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
         verbs.choices[args.verb].error(f"unrecognized arguments: {' '.join(unknown)}")
     return args
+
+
+def _joined_values(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> list[str]:
+    """`argv` with `--opt -1d` written `--opt=-1d`: argparse takes a value that starts with
+    '-' for an option of its own and says "expected one argument", where the value's own
+    check has the useful message (a negative duration). Only a value that is no option."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    parsers = [parser, *_verb_parsers(parser)]
+    takes_value = {
+        option
+        for each in parsers
+        for action in each._actions
+        if action.option_strings and action.nargs is None and action.const is None
+        for option in action.option_strings
+        if option.startswith("--")
+    }
+    known = {option for each in parsers for option in each._option_string_actions}
+    joined: list[str] = []
+    index = 0
+    while index < len(words):
+        word = words[index]
+        following = words[index + 1] if index + 1 < len(words) else None
+        if (
+            word in takes_value
+            and following is not None
+            and following.startswith("-")
+            and following.split("=", 1)[0] not in known
+        ):
+            joined.append(f"{word}={following}")
+            index += 2
+            continue
+        joined.append(word)
+        index += 1
+    return joined
+
+
+def _verb_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return list(verbs.choices.values())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -179,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         status = handler(args)
         sys.stdout.flush()  # here, where a reader that went away is handled below
     except errors.CastoreError as exc:
-        print(f"castore: error: {exc}", file=sys.stderr)
+        print(f"castore: error: {cli_message(exc, args)}", file=sys.stderr)
         return exit_code_for(exc)
     except KeyboardInterrupt:
         return 130
@@ -194,6 +239,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"castore: error: {os_error_text(exc)}", file=sys.stderr)
         return EXIT_FAILURE
     return status
+
+
+def cli_message(error: errors.CastoreError, args: argparse.Namespace) -> str:
+    """The error's line for a person at a shell: what the library says for a program, told
+    with the commands and options a CLI user has."""
+    if isinstance(error, errors.TaskNotFoundError):
+        thread = ""
+        if error.task.startswith("lg-") and args.verb in ("status", "log"):
+            thread = " (a LangGraph thread's tasks: --thread NAME)"
+        return (
+            f"no task {error.task!r} in {store_path(args)}; `castore status` lists the tasks "
+            f"there{thread}, and --store or $CASTORE_STORE picks another store"
+        )
+    if isinstance(error, errors.StoreNotFoundError):
+        nested = os.path.join(error.path, DEFAULT_STORE)
+        if os.path.isfile(layout.Layout(nested).marker):
+            return (
+                f"no castore store at {error.path}, but {nested} is one: give that path "
+                f"(--store {nested})"
+            )
+    return str(error)
 
 
 def os_error_text(exc: OSError) -> str:

@@ -39,7 +39,7 @@ def cmd_brief(args: argparse.Namespace) -> int:
     store = open_store(args)
     made = store.brief(args.task, budget_tokens=args.budget, now_ms=args.now, verify=args.verify)
     if args.json:
-        emit_json(made.data)
+        emit_json("brief", made.data)
     else:
         print(made.text, end="")
     return EXIT_OK

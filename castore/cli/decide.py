@@ -19,13 +19,14 @@ def cmd_resolve(args: argparse.Namespace) -> int:
     )
     if args.json:
         emit_json(
+            "resolve",
             {
                 "task": args.task,
                 "effect": args.effect,
                 "state": "CONFIRMED" if args.confirmed else "NOT_DONE",
                 "receipt": args.confirmed,
                 "snapshot": snapshot_id,
-            }
+            },
         )
         return EXIT_OK
     outcome = f"CONFIRMED (receipt {args.confirmed})" if args.confirmed else "NOT_DONE"

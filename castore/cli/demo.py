@@ -19,13 +19,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     report = run_demo(path, say=_quiet if args.json else print, command=castore_command())
     if args.json:
         emit_json(
+            "demo",
             {
                 "store": os.path.abspath(path),
                 "task": report.task,
                 "applied": report.applied,
                 "snapshots": report.snapshots,
                 "ok": report.ok,
-            }
+            },
         )
     return EXIT_OK if report.ok else EXIT_FINDINGS
 

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 
-from castore.cli import EXIT_FINDINGS, EXIT_OK, add_path_argument, store_path
+from castore.cli import EXIT_FINDINGS, EXIT_OK, add_path_argument, emit_json, store_path
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -18,7 +17,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     report = run_doctor(target, args.peer)
     if args.json:
-        print(json.dumps(report.to_json(), sort_keys=True, ensure_ascii=False))
+        emit_json("doctor", report.to_json())
     else:
         print(report.to_text())
         print(
@@ -35,5 +34,7 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     add_path_argument(doctor)
     doctor.add_argument("--peer", metavar="PATH2", help="another mount of the same directory")
-    doctor.add_argument("--json", action="store_true")
+    doctor.add_argument(
+        "--json", action="store_true", help='print {"type": "doctor", path, peer, safe, checks}'
+    )
     doctor.set_defaults(handler=cmd_doctor)

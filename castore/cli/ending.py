@@ -16,6 +16,7 @@ def cmd_forget(args: argparse.Namespace) -> int:
     )
     if args.json:
         emit_json(
+            "forget",
             {
                 "task": done.task,
                 "seq": done.seq,
@@ -24,7 +25,7 @@ def cmd_forget(args: argparse.Namespace) -> int:
                 "who": done.who,
                 "why": done.why,
                 "already": done.already,
-            }
+            },
         )
         return EXIT_OK
     if done.already:
@@ -42,6 +43,7 @@ def cmd_fork(args: argparse.Namespace) -> int:
     done = store.fork(args.source, args.new)
     if args.json:
         emit_json(
+            "fork",
             {
                 "task": done.task,
                 "snapshot": done.snapshot,
@@ -49,7 +51,7 @@ def cmd_fork(args: argparse.Namespace) -> int:
                 "source": done.source,
                 "seq": done.seq,
                 "carried": done.carried,
-            }
+            },
         )
         return EXIT_OK
     print(

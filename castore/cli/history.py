@@ -19,6 +19,7 @@ from castore.errors import (
     UnsafeFileError,
     UsageError,
 )
+from castore.forget import tombstone_head
 from castore.layout import MAX_SEQ, display_name
 from castore.records import Snapshot
 from castore.refs import TaskSlots
@@ -134,18 +135,37 @@ def snapshot_at(store: Store, task_id: str, seq: int) -> tuple[str, str | None]:
     try:
         history = store.history(task_id)
     except ChainError as exc:
-        return _intact_slot(store, task_id, seq), chain_note(task_id, exc)
+        tombstone = reclaimed_tombstone(store, task_id)
+        if tombstone is None:
+            return _intact_slot(store, task_id, seq), chain_note(task_id, exc)
+        if seq == tombstone.seq and tombstone.object_id is not None:
+            return tombstone.object_id, None
+        raise _no_snapshot(task_id, seq, tombstone.seq, reclaimed=seq < tombstone.seq) from None
     for snapshot_id, snapshot in history:
         if snapshot.seq == seq:
             return snapshot_id, None
-    raise _no_snapshot(task_id, seq)
+    raise _no_snapshot(task_id, seq, history[0][1].seq if history else None)
+
+
+def reclaimed_tombstone(store: Store, task_id: str) -> Slot | None:
+    """The tombstone of a forgotten task whose history gc reclaimed (its slot, as log shows
+    it); None if HEAD is no tombstone, or the older slots are still there to show."""
+    slots = TaskSlots(store.layout, store.objects, task_id)
+    try:
+        found = tombstone_head(slots)
+    except ChainError:
+        return None
+    if found is None or slots.exists(0):
+        return None
+    seq = found.head.seq
+    return Slot(seq, slots.path(seq), found.head_id, found.head)
 
 
 def _intact_slot(store: Store, task_id: str, seq: int) -> str:
     """Slot `seq` read on its own, and checked against slot `seq - 1` as its parent."""
     slots = TaskSlots(store.layout, store.objects, task_id)
     if seq > MAX_SEQ or not slots.exists(seq):
-        raise _no_snapshot(task_id, seq)
+        raise _no_snapshot(task_id, seq, None)
     slot = _read_slot(store, slots, seq)
     if seq > 0 and slots.exists(seq - 1):
         slot = _check_parent(slot, _read_slot(store, slots, seq - 1))
@@ -159,8 +179,17 @@ def _intact_slot(store: Store, task_id: str, seq: int) -> str:
     return slot.object_id
 
 
-def _no_snapshot(task_id: str, seq: int) -> UsageError:
-    return UsageError(f"task {task_id!r} has no snapshot {seq}; see `castore log {task_id}`")
+def _no_snapshot(
+    task_id: str, seq: int, head: int | None, *, reclaimed: bool = False
+) -> UsageError:
+    if reclaimed:
+        return UsageError(
+            f"task {task_id!r} was forgotten, and `castore gc` reclaimed its history below "
+            f"the tombstone (seq {head}): snapshot {seq} is gone for good; only the tombstone "
+            f"is left (`castore show {task_id}@{head}`)"
+        )
+    last = f" (its HEAD is snapshot {head})" if head is not None else ""
+    return UsageError(f"task {task_id!r} has no snapshot {seq}{last}; see `castore log {task_id}`")
 
 
 def chain_note(task_id: str, error: ChainError) -> str:

@@ -17,9 +17,9 @@ from castore.cli import (
     lookup,
     open_store,
     positive_int,
+    threads,
 )
 from castore.errors import ChainError, ObjectMissingError, UsageError
-from castore.forget import tombstone_head
 from castore.layout import display_name, validate_object_id
 from castore.records import Snapshot
 from castore.refs import TaskSlots
@@ -54,55 +54,65 @@ def _snapshot_line(snapshot_id: str, snapshot: Snapshot) -> str:
 
 
 def cmd_log(args: argparse.Namespace) -> int:
+    if args.thread is not None and args.task is not None:
+        raise UsageError("give a TASK or --thread NAME, not both (see `castore log --help`)")
+    if args.task is None and args.thread is None:
+        raise UsageError(
+            "give a TASK (`castore status` lists them) or --thread NAME (see `castore log --help`)"
+        )
     store = open_store(args)
+    tasks = _log_tasks(store, args)
+    status = EXIT_OK
+    for task in tasks:
+        if len(tasks) > 1 and not args.json:
+            print(f"task {display_name(task)}:")
+        status = max(status, _log_task(store, task, args))
+    return status
+
+
+def _log_tasks(store: Store, args: argparse.Namespace) -> list[str]:
+    """The task named, or the tasks of the LangGraph thread `--thread` names."""
+    found = threads.selected(args, store.tasks() if args.thread is not None else ())
+    return [str(args.task)] if found is None else found
+
+
+def _log_task(store: Store, task: str, args: argparse.Namespace) -> int:
     try:
         slots = [
-            history.Slot(s.seq, store.layout.slot_path(args.task, s.seq), i, s)
-            for i, s in store.history(args.task)
+            history.Slot(s.seq, store.layout.slot_path(task, s.seq), i, s)
+            for i, s in store.history(task)
         ]
         broken = None
     except ChainError as exc:
-        reclaimed = _reclaimed(store, args.task)
+        tombstone = history.reclaimed_tombstone(store, task)
+        reclaimed = [tombstone] if tombstone is not None else []
         # Resuming refuses the whole chain; a person looking at it sees every intact slot.
-        slots, broken = reclaimed or history.read_slots(store, args.task), exc
+        slots, broken = reclaimed or history.read_slots(store, task), exc
         if reclaimed:
             broken = None  # a forgotten task's history below its tombstone is gc's to remove
             print(
-                f"castore: note: task {display_name(args.task)} was forgotten; gc reclaimed "
+                f"castore: note: task {display_name(task)} was forgotten; gc reclaimed "
                 "its history below the tombstone",
                 file=sys.stderr,
             )
     for slot in slots[: args.count]:
         if args.json:
-            emit_json(_slot_json(slot))
+            emit_json(*_slot_json(slot))
         elif slot.snapshot is not None and slot.object_id is not None:
             print(_snapshot_line(slot.object_id, slot.snapshot))
         else:
             print(history.slot_line(slot))
     if broken is None:
         return EXIT_OK
-    print(f"castore: error: {history.chain_note(args.task, broken)}", file=sys.stderr)
+    print(f"castore: error: {history.chain_note(task, broken)}", file=sys.stderr)
     return EXIT_INTEGRITY
 
 
-def _reclaimed(store: Store, task_id: str) -> list[history.Slot]:
-    """The tombstone alone, as log shows a forgotten task whose history gc reclaimed (or
-    [] if the task's HEAD is no tombstone, or its older slots are still there to show)."""
-    slots = TaskSlots(store.layout, store.objects, task_id)
-    try:
-        found = tombstone_head(slots)
-    except ChainError:
-        return []
-    if found is None or slots.exists(0):
-        return []
-    seq = found.head.seq
-    return [history.Slot(seq, slots.path(seq), found.head_id, found.head)]
-
-
-def _slot_json(slot: history.Slot) -> dict[str, Any]:
+def _slot_json(slot: history.Slot) -> tuple[str, dict[str, Any]]:
     if slot.snapshot is not None:
-        return {"id": slot.object_id, **codec.to_builtins(slot.snapshot)}
-    return {"seq": slot.seq, "id": slot.object_id, "path": slot.path, "problem": slot.problem}
+        return "snapshot", {"id": slot.object_id, **codec.to_builtins(slot.snapshot)}
+    damaged = {"seq": slot.seq, "id": slot.object_id, "path": slot.path, "problem": slot.problem}
+    return "damaged_slot", damaged
 
 
 def _resolve_ref(store: Store, ref: str) -> str:
@@ -136,7 +146,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     kind, body = codec.unframe(data, store.objects.path(object_id))
     value = codec.decode_value(body)
     if args.json:
-        emit_json({"id": object_id, "kind": kind, "size": len(data), "value": value})
+        emit_json("show", {"id": object_id, "kind": kind, "size": len(data), "value": value})
     else:
         print(f"{kind} {object_id} ({len(data)} bytes)")
         print(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False))
@@ -159,15 +169,22 @@ def _slot_bytes(store: Store, ref: str, object_id: str) -> bytes | None:
 
 def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     log = verbs.add_parser("log", help="a task's chain, newest first")
-    log.add_argument("task")
+    log.add_argument(
+        "task", nargs="?", metavar="TASK", help="the task (or give --thread for a thread's)"
+    )
+    threads.add_thread_options(log)
     log.add_argument(
         "-n", type=positive_int, metavar="N", dest="count", help="only the newest N snapshots"
     )
-    log.add_argument("--json", action="store_true", help="one JSON object per snapshot")
+    log.add_argument(
+        "--json", action="store_true", help='one JSON object per snapshot ("type": "snapshot")'
+    )
     log.set_defaults(handler=cmd_log)
     show = verbs.add_parser(
         "show", help=f"one object, decoded (ID, its first {lookup.MIN_PREFIX}+ digits, or TASK@SEQ)"
     )
     show.add_argument("id", metavar="ID")
-    show.add_argument("--json", action="store_true")
+    show.add_argument(
+        "--json", action="store_true", help='print {"type": "show", id, kind, size, value}'
+    )
     show.set_defaults(handler=cmd_show)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import TYPE_CHECKING
 
@@ -55,7 +54,7 @@ def cmd_fsck(args: argparse.Namespace) -> int:
     ):
         findings.append(finding)
         if args.json:
-            print(json.dumps(finding.to_json(), sort_keys=True, ensure_ascii=False), flush=True)
+            emit_json("finding", finding.to_json(), flush=True)
         else:
             print(finding_line(finding))
     if args.quarantine:
@@ -65,10 +64,13 @@ def cmd_fsck(args: argparse.Namespace) -> int:
             if moved
             else "nothing to quarantine"
         )
-        print(note if not args.json else json.dumps({"quarantine": where, "moved": len(moved)}))
+        if args.json:
+            emit_json("quarantine", {"quarantine": where, "moved": len(moved)})
+        else:
+            print(note)
     totals = summary.to_json()
     if args.json:
-        print(json.dumps({"summary": totals}, sort_keys=True))
+        emit_json("summary", {"summary": totals})
     else:
         counted = ", ".join(
             _many(totals[key], word)
@@ -99,6 +101,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
     status = EXIT_OK if not report.unreadable else EXIT_USAGE
     if args.json:
         emit_json(
+            "gc",
             {
                 "dry_run": args.dry_run,
                 "removed": report.removed,
@@ -108,7 +111,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
                 "unreadable_objects": report.unreadable_objects,
                 "forgotten": report.forgotten,
                 "names_restored": report.names_restored,
-            }
+            },
         )
         return status
     forgot = "would forget" if args.dry_run else "forgot"
@@ -142,7 +145,9 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     fsck = verbs.add_parser("fsck", help="verify every object and chain; exit 1 if damaged")
     add_path_argument(fsck)
     fsck.add_argument(
-        "--json", action="store_true", help="one JSON object per finding, then a summary"
+        "--json",
+        action="store_true",
+        help='one JSON object per finding ("type": "finding"), then the totals ("summary")',
     )
     fsck.add_argument("--task", help="check one task and the objects it names")
     fsck.add_argument(
@@ -181,5 +186,7 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="DURATION",
         help="first forget every task finished longer ago than this, as in 30d (default: off)",
     )
-    gc.add_argument("--json", action="store_true", help="print one object: what was removed")
+    gc.add_argument(
+        "--json", action="store_true", help='print one object ("type": "gc"): what was removed'
+    )
     gc.set_defaults(handler=cmd_gc)

@@ -11,7 +11,9 @@ from castore.cli import (
     EXIT_UNKNOWN_OUTCOME,
     emit_json,
     open_store,
+    threads,
 )
+from castore.errors import UsageError
 from castore.layout import display_name, encode_task_id
 from castore.status import TaskStatus
 from castore.store import Store
@@ -58,7 +60,27 @@ def _selected_tasks(store: Store, pattern: str | None) -> list[str]:
     if _GLOB_CHARS.isdisjoint(pattern):
         encode_task_id(pattern)
         return [pattern]
+    _refuse_unclosed_set(pattern)
     return [task for task in store.tasks() if fnmatch.fnmatchcase(task, pattern)]
+
+
+def _refuse_unclosed_set(pattern: str) -> None:
+    """UsageError for a '[' that no ']' closes: fnmatch would match it as a plain '[', so
+    the glob a person meant ('ord[12]' cut short) would silently list nothing."""
+    index = 0
+    while (index := pattern.find("[", index)) != -1:
+        end = index + 1
+        if end < len(pattern) and pattern[end] == "!":
+            end += 1
+        if end < len(pattern) and pattern[end] == "]":
+            end += 1  # a ']' first in the set is one of its characters
+        close = pattern.find("]", end)
+        if close == -1:
+            raise UsageError(
+                f"{pattern!r}: the '[' at {index} opens a set of characters that no ']' "
+                "closes; close it (as in 'order-[12]'), or match a '[' itself with '[[]'"
+            )
+        index = close + 1
 
 
 def _wanted(status: TaskStatus, args: argparse.Namespace) -> bool:
@@ -89,15 +111,19 @@ def _summary_line(counts: dict[str, int]) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    if args.thread is not None and args.task is not None:
+        raise UsageError("give a TASK (or glob) or --thread NAME, not both")
     store = open_store(args)
-    tasks = _selected_tasks(store, args.task)
+    tasks = threads.selected(args, store.tasks() if args.thread is not None else ())
+    if tasks is None:
+        tasks = _selected_tasks(store, args.task)
     statuses = [store.status(task, verify=args.verify) for task in tasks]
     statuses = [status for status in statuses if _wanted(status, args)]
     counts = summary(statuses)
     if args.json:
         for status in statuses:
-            emit_json(status.to_json())
-        emit_json({"summary": counts})
+            emit_json("task", status.to_dict())
+        emit_json("summary", {"summary": counts})
     elif not statuses:
         print(
             f"no {'matching ' if args.task or args.open or args.unresolved else ''}tasks in "
@@ -120,6 +146,7 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="TASK",
         help="one task, or a glob such as 'order-*' (default: all)",
     )
+    threads.add_thread_options(status)
     status.add_argument("--open", action="store_true", help="only tasks with open effects")
     status.add_argument(
         "--unresolved", action="store_true", help="only tasks with an UNRESOLVED effect"
@@ -130,6 +157,8 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="verify each whole chain back to its plan root, as a resume does (default: HEAD only)",
     )
     status.add_argument(
-        "--json", action="store_true", help='one JSON object per task, then {"summary": {...}}'
+        "--json",
+        action="store_true",
+        help='one JSON object per task ("type": "task"), then the totals ("type": "summary")',
     )
     status.set_defaults(handler=cmd_status)

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import TYPE_CHECKING
 
-from castore.cli import add_path_argument, positive_int, store_path
+from castore.cli import add_path_argument, emit_json, positive_int, store_path
 from castore.cli.maintenance import finding_line
 
 if TYPE_CHECKING:
@@ -33,10 +32,10 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
 
 def _print_json(report: UpgradeReport) -> None:
     for finding in report.findings:
-        print(json.dumps(finding.to_json(), sort_keys=True, ensure_ascii=False))
+        emit_json("finding", finding.to_json())
     for problem in report.seal_problems:
         line = {"seal": problem.kind, "task": problem.task, "message": problem.message}
-        print(json.dumps(line, sort_keys=True, ensure_ascii=False))
+        emit_json("seal_problem", line)
     summary = {
         **report.checked,
         "store": report.root,
@@ -49,7 +48,7 @@ def _print_json(report: UpgradeReport) -> None:
         "sealed": len(report.sealed),
         "exit_status": report.exit_status,
     }
-    print(json.dumps({"summary": summary}, sort_keys=True, ensure_ascii=False))
+    emit_json("summary", {"summary": summary})
 
 
 def _print_text(report: UpgradeReport) -> None:

@@ -40,7 +40,8 @@ def alert_line(alert: Alert) -> str:
 
 
 def alert_json(alert: Alert) -> str:
-    return json.dumps(alert.to_json(), sort_keys=True, ensure_ascii=False)
+    """The alert as `watch --json` prints it and a hook reads it: its fields and a "type"."""
+    return json.dumps({"type": "alert", **alert.to_dict()}, sort_keys=True, ensure_ascii=False)
 
 
 class Hooks:
@@ -201,7 +202,9 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "watch", help="follow a store; alert on unresolved, stuck or expiring effects"
     )
     add_path_argument(watch)
-    watch.add_argument("--json", action="store_true", help="one JSON object per alert")
+    watch.add_argument(
+        "--json", action="store_true", help='one JSON object per alert ("type": "alert")'
+    )
     watch.add_argument(
         "--stuck-after",
         type=parse_duration,
