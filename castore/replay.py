@@ -60,6 +60,12 @@ class Replay:
             self.cursor += 1
             return Position.DONE
         if cursor > frontier.index:
+            if frontier.step == step_id:
+                # This run passed the decided step (an `at` or a call whose work raised) and
+                # its work is not committed: asked again, it is the same position, checked as
+                # a reopen would check it, and nothing is decided twice.
+                self._check_pending(frontier.index, step_id, effect, args)
+                return Position.PENDING
             raise UsageError(
                 f"task {run.task_id!r}: step {frontier.step!r} at position {frontier.index} is "
                 f"decided and not done; finish it (run.commit_step, run.perform) before "

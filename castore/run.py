@@ -239,7 +239,8 @@ class Run:
         `effect`; `args`, a journaled call's argument digest). DONE: the step is recorded
         there (its outcome is `run.outcome(step_id)`). PENDING: it is decided and not done,
         maybe by this call, which commits the decision (a growing plan) before it returns;
-        do its work and commit it. PlanDriftError (ReplayDriftError) if the task recorded
+        do its work and commit it (asked again before that, as a retry after the work
+        raised asks, it is PENDING again). PlanDriftError (ReplayDriftError) if the task recorded
         another step, kind or argument digest there."""
         return self._replay.at(step_id, effect, args)
 
