@@ -46,6 +46,8 @@
     │   ├── IllegalTransitionError               a state change PROTOCOL.md does not allow
     │   ├── EffectNotReadyError                  the effect's next action is not what was asked
     │   └── OutcomeUnknownError                  the effect is UNRESOLVED: a person must decide
+    ├── StepInFlightError                        a cancelled await's send or call still runs
+    │                                            in a pool thread (castore.inflight)
     └── WorkerFailedError                        an fsck worker process died before its results
 
 Every message says what to do next. Structured fields (`path`, `task`, `expected`,
@@ -674,6 +676,23 @@ class OutcomeUnknownError(EffectError):
             f"task {task_id!r}: the outcome of effect {step!r} (key {key}) is unknown{why}; "
             "castore will not resend it. Check the service, then run "
             f"`castore resolve {task_id} {step} --confirmed RECEIPT` or `--not-done --reason TEXT`"
+        )
+
+
+class StepInFlightError(CastoreError):
+    """A sync send or journaled call of the step, whose castore.aio await was cancelled, is
+    still running in a pool thread: until it returns, the step may not be reconciled, sent
+    or called again (castore.inflight)."""
+
+    def __init__(self, task_id: str, step: str, doing: str) -> None:
+        self.task = task_id
+        self.step = step
+        self.doing = doing
+        super().__init__(
+            f"task {task_id!r}: {doing} is refused: the send or call of step {step!r} that a "
+            "cancelled castore.aio await started still runs in a pool thread, and its request "
+            "may not have arrived yet; retry through castore.aio (it waits for that one to "
+            "return), or retry after it has returned"
         )
 
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from castore import codec, guard, protocol
+from castore import codec, guard, inflight, protocol
 from castore.digest import hash_bytes
 from castore.errors import EncodingError, ReplayDriftError, SecretInPayloadError, UsageError
 from castore.records import BlobRef
@@ -97,10 +97,12 @@ def call_steps(
     run: Run, step_id: str, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
 ) -> Generator[Invoke, Any, Any]:
     """The journaled call: the recorded result of a done step, else one `Invoke` and the
-    commit of its result (durable before this returns)."""
+    commit of its result (durable before this returns). StepInFlightError while a call of it
+    that a cancelled await left in a pool thread still runs (castore.inflight)."""
     digest = args_digest(args, kwargs)
     if _replayed(run, step_id, digest):
         return run.result(step_id)
+    inflight.refuse(run, step_id, f"calling step {step_id!r} again")
     result = yield Invoke()
     fields = fn.fields if isinstance(fn, Vouched) else ()
     stored, value = _recorded(run, step_id, result, fields)

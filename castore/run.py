@@ -590,6 +590,11 @@ class Run:
         return self._settings.allow_fields
 
     @property
+    def chain_directory(self) -> str:
+        """The task's chain directory (what identifies the task in this process)."""
+        return self._slots.directory
+
+    @property
     def writes_v2(self) -> bool:
         """True in a format-2 store (raw and tree objects may be written)."""
         return self._settings.seal_every is not None

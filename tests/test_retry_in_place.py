@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from fakeshop import Ledger
 
 import castore
 from castore import EffectState, Position
@@ -15,38 +16,6 @@ from castore.aio import AsyncRun, AsyncStore
 
 TASK = "agent-1"
 GROWING = castore.Plan.grow("agent-loop")
-
-
-class Ledger:
-    """A fake payment service that applies every request it gets (it deduplicates nothing)
-    and can be asked by key: `applied` counts the applications."""
-
-    def __init__(self) -> None:
-        self.sent: list[str] = []
-        self.applied: list[str] = []
-
-    def apply(self, key: str) -> str:
-        self.sent.append(key)
-        self.applied.append(key)
-        return f"receipt-{len(self.applied)}"
-
-    def lookup(self, key: str) -> castore.Reconciled:
-        if key in self.applied:
-            return castore.found(f"receipt-{self.applied.index(key) + 1}")
-        return castore.NOT_FOUND
-
-    def service(self) -> castore.Service:
-        return castore.Service("shop", reconcile=self.lookup)
-
-    def send_then_drop(self, key: str) -> str:
-        """The request is applied; the connection drops before the answer comes back."""
-        self.apply(key)
-        raise ConnectionError(f"connection reset after sending {key}")
-
-    def drop_before(self, key: str) -> str:
-        """The connection drops before the request reaches the service."""
-        self.sent.append(key)
-        raise ConnectionError(f"connection refused sending {key}")
 
 
 def pay_state(run: castore.Run) -> EffectState | None:
