@@ -628,7 +628,9 @@ class Run:
         self, step_id: str, service: Service, send: Callable[[str], str], *, key: str | None = None
     ) -> str:
         """Drive effect `step_id` to CONFIRMED whatever its state: submit, resubmit, reconcile
-        or mark it unresolved, per the next-action table. Returns the receipt."""
+        or mark it unresolved, per the next-action table. Returns the receipt.
+        StepInFlightError while a send of it that a cancelled castore.aio await left in a
+        pool thread still runs (castore.inflight): the service may not have it yet."""
         return protocol.perform(self, step_id, service, send, key)
 
     def reconcile(self, step_id: str, service: Service) -> NextAction:

@@ -143,13 +143,21 @@ async def test_retry_after_a_timed_out_perform_waits_for_its_send(
 async def test_a_run_opened_again_in_the_process_waits_too(
     store: castore.Store, monkeypatch: pytest.MonkeyPatch, held: HeldSend
 ) -> None:
-    """The run closed after the timeout and the task resumed in the same process: its
-    perform waits for the first send as well; applied once."""
+    """Timed out (an `asyncio.timeout` that expires once the send runs), the run closed and
+    the task resumed in the same process: its perform waits for the first send as well;
+    applied once."""
     ledger = held.ledger
+
+    async def timed_out_perform(arun: AsyncRun) -> None:
+        async with asyncio.timeout(None) as timeout:
+            expiry = asyncio.ensure_future(until(held.entered))
+            expiry.add_done_callback(lambda _: timeout.reschedule(-1))  # expire now
+            await arun.perform("pay", ledger.service(), held)
+
     async with AsyncStore(store) as astore:
         async with await astore.open_task(TASK, FIXED) as arun:
-            work = arun.perform("pay", ledger.service(), held)
-            await cancelled_while_running(work, held.entered)
+            with pytest.raises(TimeoutError):
+                await timed_out_perform(arun)
         progress = Progress(monkeypatch)
         async with await astore.resume(TASK, FIXED) as again:
             retry = progress.watch(again.perform("pay", ledger.service(), ledger.apply))
