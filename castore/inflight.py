@@ -1,76 +1,154 @@
-"""Work that outlived its awaiter: a sync send or journaled call still running in a castore.aio
-pool thread after the await that started it was cancelled (`asyncio.wait_for` timed it out).
+"""Sends and journaled calls that may still be running, and the one check made before a step
+whose send may run is reconciled, resubmitted, marked or called again.
 
-A thread cannot be stopped, so until that function returns its step is in flight in this
-process: a reconcile now could find nothing at the service (the request has not arrived yet)
-and send it again, and a second call would run the model twice at once. So nothing reconciles,
-resends, marks unresolved or calls that step again until it has returned (castore.aio waits
-for it; the sync paths refuse with StepInFlightError). The registry is process-wide, keyed by
-the task's chain directory: a run of the task opened again in this process sees it too. A
-process that is gone runs nothing: a resume elsewhere goes by the table as after a crash.
+A SUBMITTED record says a request may have left, not whether its sender is still sending. A
+reconcile while the send runs can find nothing at the service (the request has not arrived
+yet), record NOT_DONE and send again: two applications on a service that can only be asked by
+key. So while its send may run a step is in flight, and only its sender moves it. What castore
+can know of a send:
 
-An async function (a coroutine) has no such afterlife: cancelled, it has ended when the
-CancelledError reaches castore. A request it had written may still reach the service, exactly
-as one written just before a crash; the retry reconciles it as a resume would.
+- In this process, everything. Every send registers here (`sending`) from before the link of
+  its SUBMITTED commit (so a run that reads that commit sees the registration too) until its
+  effect block exits, which is also how a lost SUBMITTED commit ends it (ConflictError: it never
+  sends); a journaled call, while its function runs. A sync send or call whose castore.aio await
+  was cancelled runs on in a pool thread: `hold` keeps it until that thread returns. Keyed by
+  the chain directory's real path and the step, so every run of the task in this process sees
+  it, on any Store object or path. castore.aio waits for an entry to end; the sync paths raise
+  StepInFlightError. A run's task lock is released only once its entries have ended
+  (`after_sends`), so a process that takes the lock next knows its sends are over.
+- Elsewhere, nothing: the table decides, as after a crash (docs/FORMAT.md §14).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
+
+import attrs
 
 from castore.errors import StepInFlightError
 
 if TYPE_CHECKING:
     from castore.run import Run
 
+
+@attrs.frozen(eq=False)
+class _Entry:
+    owner: object  # the Run whose send or call it is
+    where: str  # how the refusal names it
+    job: Future[Any]
+
+
 _lock = threading.Lock()
-_running: dict[tuple[str, str], Future[Any]] = {}
+_running: dict[tuple[str, str], list[_Entry]] = {}
 
 
-def _place(run: Run) -> str:
-    # Two paths to one store (a symlink, a relative root) are one task.
-    return os.path.realpath(run.chain_directory)
+def _reset_after_fork() -> None:
+    # A forked child runs none of its parent's threads: their entries would never end there.
+    global _lock  # noqa: PLW0603 - the module's registry, remade in a forked child
+    _lock = threading.Lock()
+    _running.clear()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def _add(run: Run, step_id: str, where: str, job: Future[Any]) -> None:
+    key = (run.task_place, step_id)
+    entry = _Entry(run, where, job)
+    with _lock:
+        _running.setdefault(key, []).append(entry)
+    job.add_done_callback(lambda _: _forget(key, entry))  # at once if it has ended already
+
+
+def _forget(key: tuple[str, str], entry: _Entry) -> None:
+    with _lock:
+        entries = _running.get(key, [])
+        if entry in entries:
+            entries.remove(entry)
+        if not entries:
+            _running.pop(key, None)
+
+
+@contextlib.contextmanager
+def sending(run: Run, step_id: str) -> Iterator[None]:
+    """Step `step_id` of the run's task is being sent or called by `run` in this thread for
+    as long as the block runs. Enter it before the SUBMITTED commit is linked."""
+    job: Future[None] = Future()
+    job.set_running_or_notify_cancel()
+    where = f"by run {run.run_id} still runs in thread {threading.current_thread().name!r}"
+    _add(run, step_id, where, job)
+    try:
+        yield
+    finally:
+        job.set_result(None)
 
 
 def hold(run: Run, step_id: str, job: Future[Any]) -> None:
     """`job` runs step `step_id`'s send or call on in a pool thread, its awaiter gone: the
     step is in flight until `job` ends."""
-    key = (_place(run), step_id)
-    with _lock:
-        _running[key] = job
-    job.add_done_callback(lambda ended: _forget(key, ended))
+    where = (
+        f"that a cancelled castore.aio await of run {run.run_id} started still runs in a pool "
+        "thread"
+    )
+    _add(run, step_id, where, job)
 
 
-def _forget(key: tuple[str, str], job: Future[Any]) -> None:
-    with _lock:
-        if _running.get(key) is job:
-            del _running[key]
-
-
-def _held(run: Run, step_id: str | None) -> list[tuple[str, Future[Any]]]:
-    """(step, job) of each job still running for `step_id` (any step if None)."""
-    if not _running:  # the common case costs no path lookup
+def _held(run: Run, step_id: str | None) -> list[tuple[str, _Entry]]:
+    """(step, entry) of each send or call still running for `step_id` (any step if None)."""
+    if not _running:  # the common case costs no lookup
         return []
-    place = _place(run)
+    place = run.task_place
     with _lock:
-        held = list(_running.items())
-    # A job is over once done(), even before its callback has taken it out of the registry.
-    return [
-        (step, job)
-        for (where, step), job in held
-        if where == place and step_id in (None, step) and not job.done()
-    ]
+        if step_id is not None:
+            held = [(step_id, entry) for entry in _running.get((place, step_id), [])]
+        else:
+            held = [(s, e) for (p, s), entries in _running.items() if p == place for e in entries]
+    # An entry is over once its job is done, even before its callback took it out.
+    return [(step, entry) for step, entry in held if not entry.job.done()]
 
 
 def running(run: Run, step_id: str | None = None) -> list[Future[Any]]:
-    """The jobs still running for step `step_id` of the run's task (for any step if None)."""
-    return [job for _, job in _held(run, step_id)]
+    """The jobs still running for step `step_id` of the run's task (for any step if None),
+    in any run of this process: what castore.aio waits for before it acts on the step."""
+    return [entry.job for _, entry in _held(run, step_id)]
 
 
-def refuse(run: Run, step_id: str | None, doing: str) -> None:
-    """StepInFlightError if a send or call of `step_id` (any step if None) is still running."""
-    for step, _ in _held(run, step_id):
-        raise StepInFlightError(run.task_id, step, doing)
+def after_sends(owner: Run, then: Callable[[], None]) -> None:
+    """Call `then` once every send and call `owner` registered has ended: now, if none runs
+    (its error raised here), else in the thread that ends the last one."""
+    with _lock:
+        jobs = [e.job for entries in _running.values() for e in entries if e.owner is owner]
+    jobs = [job for job in jobs if not job.done()]
+    if not jobs:
+        then()
+        return
+    left = [len(jobs)]
+    counting = threading.Lock()
+
+    def one_ended(_: Future[Any]) -> None:
+        with counting:
+            left[0] -= 1
+            last = left[0] == 0
+        if last:
+            then()
+
+    for job in jobs:
+        job.add_done_callback(one_ended)
+
+
+def refuse(run: Run, step_id: str, doing: str) -> None:
+    """StepInFlightError if a send or call of `step_id` may still be running in this process."""
+    for step, entry in _held(run, step_id):
+        raise StepInFlightError(
+            run.task_id,
+            step,
+            doing,
+            f"the send or call of step {step!r} {entry.where}, and its request may not have "
+            "arrived yet",
+            "retry once it has returned (castore.aio waits for it)",
+        )

@@ -98,12 +98,13 @@ def call_steps(
 ) -> Generator[Invoke, Any, Any]:
     """The journaled call: the recorded result of a done step, else one `Invoke` and the
     commit of its result (durable before this returns). StepInFlightError while a call of it
-    that a cancelled await left in a pool thread still runs (castore.inflight)."""
+    still runs in any run of this process (castore.inflight)."""
     digest = args_digest(args, kwargs)
     if _replayed(run, step_id, digest):
         return run.result(step_id)
     inflight.refuse(run, step_id, f"calling step {step_id!r} again")
-    result = yield Invoke()
+    with inflight.sending(run, step_id):
+        result = yield Invoke()
     fields = fn.fields if isinstance(fn, Vouched) else ()
     stored, value = _recorded(run, step_id, result, fields)
     # The digest is a format-2 field: a v1 store keeps v1 bytes (no argument check there).

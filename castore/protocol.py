@@ -172,7 +172,8 @@ def effect(run: Run, step_id: str, service: Service, key: str | None) -> Iterato
     reconciles, resubmits or escalates first), then commit SUBMITTED (the claim to send),
     yield the call and check it was settled. An effect that is CONFIRMED by then yields a
     done call: the block ends at its first use of `call.key`. StepInFlightError while a
-    send of it that a cancelled await left in a pool thread still runs (castore.inflight)."""
+    send of it may still run: in any run of this process, or in the live process of this
+    host that submitted it (castore.inflight)."""
     if not run.done(step_id):
         inflight.refuse(run, step_id, f"sending or reconciling effect {step_id!r} again")
     action = _ready(run, step_id, service)
@@ -192,10 +193,13 @@ def effect(run: Run, step_id: str, service: Service, key: str | None) -> Iterato
     new = submitted_record(record, service, key or record.key or "", run.now_ms())
     if not new.key:
         raise UsageError(f"effect {step_id!r} needs an idempotency key")
-    run.advance(_transition(record, EffectState.SUBMITTED), _replace(run, new, step_id))
-    crashpoints.reach("effect.submitted")
-    call = Call(run, new)
-    yield call  # an exception from the body leaves the effect SUBMITTED: reconciled on resume
+    # Registered before the link: a run of this process that reads this SUBMITTED sees that
+    # its send may run. The block's end (or a lost commit) ends the registration.
+    with inflight.sending(run, step_id):
+        run.advance(_transition(record, EffectState.SUBMITTED), _replace(run, new, step_id))
+        crashpoints.reach("effect.submitted")
+        call = Call(run, new)
+        yield call  # an exception from the body leaves the effect SUBMITTED: reconciled on resume
     if not call.settled:
         raise UsageError(
             f"the body of effect {step_id!r} ended without call.confirm(receipt) or "

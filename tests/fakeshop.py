@@ -3,7 +3,11 @@ nothing, so a second send of one key is a second payment) and can be asked by ke
 
 from __future__ import annotations
 
+import threading
+
 import castore
+
+DEADLINE_S = 20.0  # how long a test waits for a condition before it fails
 
 
 class Ledger:
@@ -37,3 +41,25 @@ class Ledger:
         """The connection drops before the request reaches the service."""
         self.sent.append(key)
         raise ConnectionError(f"connection refused sending {key}")
+
+
+class HeldSend:
+    """A sync send that, once running (in a pool thread, or in another run's thread), waits
+    for `release` before its request reaches the service (a slow network): it is still
+    sending, after its awaiter was cancelled or while another run resumes the task, for as
+    long as the test says."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.returned = threading.Event()
+
+    def __call__(self, key: str) -> str:
+        self.entered.set()
+        try:
+            if not self.release.wait(DEADLINE_S):
+                raise TimeoutError("the test never released the held send")
+            return self.ledger.apply(key)
+        finally:
+            self.returned.set()

@@ -9,10 +9,11 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
-from fakeshop import Ledger
+from fakeshop import DEADLINE_S, HeldSend, Ledger
 
 import castore
 from castore import EffectState, crashpoints, inflight
@@ -22,28 +23,6 @@ TASK = "agent-1"
 FIXED = castore.Plan.build("agent", castore.effect("pay"), "think")
 GROWING = castore.Plan.grow("agent-loop")
 PLANS = {"fixed": FIXED, "growing": GROWING}
-DEADLINE_S = 20.0
-
-
-class HeldSend:
-    """A sync send that, once running in its pool thread, waits for `release` before its
-    request reaches the service (a slow network): it is still sending after its awaiter
-    was cancelled, for as long as the test says."""
-
-    def __init__(self, ledger: Ledger) -> None:
-        self.ledger = ledger
-        self.entered = threading.Event()
-        self.release = threading.Event()
-        self.returned = threading.Event()
-
-    def __call__(self, key: str) -> str:
-        self.entered.set()
-        try:
-            if not self.release.wait(DEADLINE_S):
-                raise TimeoutError("the test never released the held send")
-            return self.ledger.apply(key)
-        finally:
-            self.returned.set()
 
 
 @pytest.fixture
@@ -144,8 +123,8 @@ async def test_a_run_opened_again_in_the_process_waits_too(
     store: castore.Store, monkeypatch: pytest.MonkeyPatch, held: HeldSend
 ) -> None:
     """Timed out (an `asyncio.timeout` that expires once the send runs), the run closed and
-    the task resumed in the same process: its perform waits for the first send as well;
-    applied once."""
+    the task resumed in the same process without the lock (which the first run keeps while
+    its send runs): its perform waits for the first send as well; applied once."""
     ledger = held.ledger
 
     async def timed_out_perform(arun: AsyncRun) -> None:
@@ -159,7 +138,7 @@ async def test_a_run_opened_again_in_the_process_waits_too(
             with pytest.raises(TimeoutError):
                 await timed_out_perform(arun)
         progress = Progress(monkeypatch)
-        async with await astore.resume(TASK, FIXED) as again:
+        async with await astore.resume(TASK, FIXED, lock_timeout=None) as again:
             retry = progress.watch(again.perform("pay", ledger.service(), ledger.apply))
             await until(progress.event)
             held.release.set()
@@ -172,10 +151,11 @@ async def test_resolving_not_done_is_refused_while_the_send_runs(
     store: castore.Store, held: HeldSend
 ) -> None:
     """A person's "not done" for an effect whose send still runs in this process is refused
-    (nobody can know that yet), and commits nothing; "confirmed" is a person's to say."""
+    (nobody can know that yet), and commits nothing; "confirmed" is a person's to say. (The
+    run takes no lock: one would keep the task, and the decision out, until the send ends.)"""
     ledger = held.ledger
     async with AsyncStore(store) as astore:
-        async with await astore.open_task(TASK, FIXED) as arun:
+        async with await astore.open_task(TASK, FIXED, lock_timeout=None) as arun:
             work = arun.perform("pay", ledger.service(), held)
             await cancelled_while_running(work, held.entered)
         head = store.verify(TASK).head_id
@@ -326,3 +306,61 @@ async def test_a_cancelled_async_send_has_ended_and_is_not_waited_for(
         progress = Progress(monkeypatch)
         assert "receipt-1" == await arun.perform("pay", ledger.service(), ledger.apply)
     assert (1, 0) == (len(ledger.applied), progress.waited)
+
+
+@pytest.mark.asyncio
+async def test_a_closed_run_keeps_its_lock_until_its_cancelled_send_returns(
+    store: castore.Store, held: HeldSend
+) -> None:
+    """A run closed while the send its cancelled perform started still runs keeps the task
+    lock: a resume with a lock times out (TaskBusyError) until the send has returned, then
+    gets it and finds the payment by key; applied once."""
+    ledger = held.ledger
+    async with AsyncStore(store) as astore:
+        async with await astore.open_task(TASK, FIXED) as arun:
+            await cancelled_while_running(arun.perform("pay", ledger.service(), held), held.entered)
+        with pytest.raises(castore.TaskBusyError):
+            store.resume(TASK, FIXED, lock_timeout=0.2)
+        held.release.set()
+        with store.resume(TASK, FIXED, lock_timeout=DEADLINE_S) as run:  # at the send's end
+            assert "receipt-1" == run.perform("pay", ledger.service(), ledger.apply)
+    assert 1 == len(ledger.applied)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", ["sync", "async"])
+async def test_a_second_run_in_the_process_waits_for_the_first_runs_send(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """Two runs of one task in one process without a lock, on two stores of one path: the
+    first commits SUBMITTED and its (sync or async) send is held; the second's perform waits
+    for that send to end, then reconciles, finds it, and loses the race to the first's
+    CONFIRMED (ConflictError): the payment is applied once."""
+    root = tmp_path / "store"
+    castore.Store.init(root)
+    ledger = Ledger()
+    held = HeldSend(ledger)
+
+    async def held_async(key: str) -> str:
+        held.entered.set()
+        await until(held.release)
+        return ledger.apply(key)
+
+    send = held if kind == "sync" else held_async
+    try:
+        async with AsyncStore(root) as one, AsyncStore(root) as two:
+            first = await one.open_task(TASK, FIXED, lock_timeout=None)
+            sending = asyncio.ensure_future(first.perform("pay", ledger.service(), send))
+            await until(held.entered)
+            second = await two.resume(TASK, FIXED, lock_timeout=None)
+            progress = Progress(monkeypatch)
+            retry = progress.watch(second.perform("pay", ledger.service(), ledger.apply))
+            await until(progress.event)
+            held.release.set()
+            ended = await asyncio.gather(sending, retry, return_exceptions=True)
+            await first.close()
+            await second.close(finish=False)
+    finally:
+        held.release.set()
+    assert (1, 1) == (len(ledger.applied), progress.waited)
+    assert ("receipt-1", castore.ConflictError) == (ended[0], type(ended[1]))
