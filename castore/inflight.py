@@ -16,13 +16,18 @@ can know of a send:
   it, on any Store object or path. castore.aio waits for an entry to end; the sync paths raise
   StepInFlightError. A run's task lock is released only once its entries have ended
   (`after_sends`), so a process that takes the lock next knows its sends are over.
-- Elsewhere, nothing: the table decides, as after a crash (docs/FORMAT.md §14).
+- In another process on this host: the snapshot that made the record SUBMITTED names its
+  writer (host, pid). While that process runs, its send may run: refused, sync and async alike
+  (nobody waits for another process). A dead pid, or a pid reused by a process started after
+  the submission (its start time, from /proc), sends nothing: the table decides.
+- On another host, nothing: the table decides, as after a crash (docs/FORMAT.md §14).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -31,9 +36,16 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from castore.errors import StepInFlightError
+from castore.records import EffectRecord, EffectState, Snapshot, TransitionKind, Writer
 
 if TYPE_CHECKING:
     from castore.run import Run
+
+PROC = "/proc"  # procfs, where a process's start time is read (a test points it elsewhere)
+# /proc/stat's boot time is in whole seconds: a start time computed from it may read up to a
+# second late. A process started later than this after the submission is not the submitter.
+START_SLACK_MS = 1_100
+_LOOK_BACK = 64  # snapshots searched back from HEAD for the one that made a record SUBMITTED
 
 
 @attrs.frozen(eq=False)
@@ -142,7 +154,8 @@ def after_sends(owner: Run, then: Callable[[], None]) -> None:
 
 
 def refuse(run: Run, step_id: str, doing: str) -> None:
-    """StepInFlightError if a send or call of `step_id` may still be running in this process."""
+    """StepInFlightError if a send or call of `step_id` may still be running: registered in
+    this process, or the SUBMITTED record's submitter, another process of this host, runs."""
     for step, entry in _held(run, step_id):
         raise StepInFlightError(
             run.task_id,
@@ -152,3 +165,86 @@ def refuse(run: Run, step_id: str, doing: str) -> None:
             "arrived yet",
             "retry once it has returned (castore.aio waits for it)",
         )
+    _refuse_if_submitter_runs(run, step_id, doing)
+
+
+def _refuse_if_submitter_runs(run: Run, step_id: str, doing: str) -> None:
+    """StepInFlightError if HEAD's record of `step_id` is SUBMITTED by another process of
+    this host that still runs (its send may too)."""
+    record = run.head.effect(step_id)
+    if record is None or record.state is not EffectState.SUBMITTED:
+        return
+    writer = _submitter(run, record)
+    if writer is None or writer.host != socket.gethostname() or writer.pid == os.getpid():
+        return  # this process's sends are registered; another host's cannot be known
+    if submitter_runs(writer.pid, record.since_ms):
+        age = max(0, run.now_ms() - record.since_ms) // 1000
+        raise StepInFlightError(
+            run.task_id,
+            step_id,
+            doing,
+            f"worker pid {writer.pid} on this host submitted it {age} s ago and still runs",
+            "retry once it has exited, or resolve by hand (`castore resolve`)",
+            pid=writer.pid,
+        )
+
+
+def _submitter(run: Run, record: EffectRecord) -> Writer | None:
+    """The writer of the snapshot that made `record` (HEAD's) SUBMITTED: HEAD, or one before
+    it that holds the same record (a seal or an override since); None if it is not found."""
+    snapshot: Snapshot | None = run.head
+    for _ in range(_LOOK_BACK):
+        if snapshot is None or snapshot.effect(record.step) != record:
+            return None
+        moved = snapshot.transition
+        if (
+            moved.kind is TransitionKind.EFFECT
+            and moved.step == record.step
+            and moved.effect_to is EffectState.SUBMITTED
+        ):
+            return snapshot.writer
+        if snapshot.seq == 0:
+            return None
+        snapshot = run.snapshot_at(snapshot.seq - 1)
+    return None
+
+
+def submitter_runs(pid: int, since_ms: int) -> bool:
+    """True if process `pid` of this host runs and may be the one that submitted at
+    `since_ms` (wall clock, ms): it exists, is not a zombie, and did not start after then (a
+    pid reused by a later process). Without procfs a live pid is taken for the submitter."""
+    if pid <= 0:  # 0 and -1 name process groups, never a writer
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # another user's process: it exists
+    started = _start_ms(pid)
+    if started is None:
+        return True
+    return 0 <= started <= since_ms + START_SLACK_MS
+
+
+def _start_ms(pid: int) -> int | None:
+    """When process `pid` started (wall clock, ms); -1 if it has ended (gone, a zombie);
+    None if procfs cannot say."""
+    try:
+        with open(os.path.join(PROC, str(pid), "stat"), encoding="ascii", errors="replace") as f:
+            stat = f.read()
+        with open(os.path.join(PROC, "stat"), encoding="ascii", errors="replace") as f:
+            boot = next(line for line in f if line.startswith("btime "))
+    except FileNotFoundError:
+        return -1 if os.path.exists(os.path.join(PROC, "stat")) else None
+    except (OSError, StopIteration):
+        return None
+    # The command name (field 2) is in parentheses and may hold spaces and parentheses.
+    fields = stat[stat.rfind(")") + 2 :].split()
+    try:
+        state, ticks, booted = fields[0], int(fields[19]), int(boot.split()[1])
+    except (IndexError, ValueError):
+        return None
+    if state in ("Z", "X"):  # a zombie runs nothing
+        return -1
+    return booted * 1000 + ticks * 1000 // os.sysconf("SC_CLK_TCK")
