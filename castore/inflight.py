@@ -42,8 +42,8 @@ if TYPE_CHECKING:
     from castore.run import Run
 
 PROC = "/proc"  # procfs, where a process's start time is read (a test points it elsewhere)
-# /proc/stat's boot time is in whole seconds: a start time computed from it may read up to a
-# second late. A process started later than this after the submission is not the submitter.
+# /proc/stat's boot time is in whole seconds: a start time computed from it is off by up to a
+# second. A process started later than this after the submission is not the submitter.
 START_SLACK_MS = 1_100
 _LOOK_BACK = 64  # snapshots searched back from HEAD for the one that made a record SUBMITTED
 
@@ -156,13 +156,14 @@ def after_sends(owner: Run, then: Callable[[], None]) -> None:
 def refuse(run: Run, step_id: str, doing: str) -> None:
     """StepInFlightError if a send or call of `step_id` may still be running: registered in
     this process, or the SUBMITTED record's submitter, another process of this host, runs."""
-    for step, entry in _held(run, step_id):
+    held = _held(run, step_id)
+    if held:
         raise StepInFlightError(
             run.task_id,
-            step,
+            step_id,
             doing,
-            f"the send or call of step {step!r} {entry.where}, and its request may not have "
-            "arrived yet",
+            f"the send or call of step {step_id!r} {held[0][1].where}, and its request may "
+            "not have arrived yet",
             "retry once it has returned (castore.aio waits for it)",
         )
     _refuse_if_submitter_runs(run, step_id, doing)
