@@ -11,6 +11,11 @@ coroutine waits for it to end, so the run's HEAD is what the store holds, then
 cancellation during the caller's send leaves the effect SUBMITTED (it was committed before
 the send): the next resume reconciles it. Timeouts are the caller's (`asyncio.wait_for`).
 
+A sync send or journaled call cancelled while it runs in the pool cannot be stopped: the await
+ends at once, the function runs on, and its step is in flight until it returns
+(castore.inflight). A retry in this process (perform, effect, reconcile, settle, call) first
+waits for it to return, so a reconcile then asks a service that has seen the request.
+
 One run has one driver: a second coroutine or thread that calls into a run while a call is
 in progress gets a UsageError (two runs of one task are refused by the task lock as ever).
 """
@@ -22,13 +27,13 @@ import functools
 import os
 import threading
 from collections.abc import Awaitable, Callable, Generator, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, TypeVar
 
-from castore import journal, protocol
+from castore import crashpoints, inflight, journal, protocol
 from castore.aioeffect import AsyncCall, AsyncEffect
-from castore.aiopool import advance, answered, in_thread
+from castore.aiopool import advance, answered, ended, in_thread
 from castore.brief import Brief, make_brief
 from castore.effects import NextAction, Service
 from castore.errors import UsageError
@@ -211,11 +216,31 @@ class AsyncRun:
         with self._claimed(doing):
             return await in_thread(self.pool, fn)
 
+    async def wait_in_flight(self, step_id: str | None) -> None:
+        """Wait until no send or call of step `step_id` that a cancelled await left running
+        in the pool is still running (castore.inflight): only then may the step be
+        reconciled, sent or called again (None: no step, nothing to wait for). Cancelled
+        while it waits, nothing happened."""
+        if step_id is None:
+            return
+        while jobs := inflight.running(self.run, step_id):
+            crashpoints.reach("aio.in_flight_awaited")
+            await ended(jobs[0])
+
+    def _abandoned(self, step_id: str) -> Callable[[Future[Any]], None]:
+        return lambda job: inflight.hold(self.run, step_id, job)
+
     async def _drive(
-        self, doing: str, steps: Generator[R, Any, T], answer: Callable[[R], Awaitable[Any]]
+        self,
+        doing: str,
+        step_id: str,
+        steps: Generator[R, Any, T],
+        answer: Callable[[R], Awaitable[Any]],
     ) -> T:
-        """Run a step generator: its steps in the pool, its requests answered on the loop."""
+        """Run a step generator: its steps in the pool, its requests answered on the loop;
+        not before the step's earlier send or call, if one still runs, has returned."""
         with self._claimed(doing):
+            await self.wait_in_flight(step_id)
             finished, value = await in_thread(
                 self.pool,
                 functools.partial(advance, steps, None, True),
@@ -275,9 +300,9 @@ class AsyncRun:
         steps = journal.call_steps(self.run, step_id, fn, args, kwargs)
 
         async def invoke(_: journal.Invoke) -> Any:
-            return await answered(self.pool, fn, *args, **kwargs)
+            return await answered(self.pool, fn, args, kwargs, self._abandoned(step_id))
 
-        return await self._drive(f"call({step_id!r})", steps, invoke)
+        return await self._drive(f"call({step_id!r})", step_id, steps, invoke)
 
     async def perform(
         self,
@@ -288,13 +313,15 @@ class AsyncRun:
         key: str | None = None,
     ) -> str:
         """`Run.perform` with `send(key)` async (awaited) or sync (run in the pool): drive
-        the effect to CONFIRMED; returns the receipt. SUBMITTED is durable before `send`."""
+        the effect to CONFIRMED; returns the receipt. SUBMITTED is durable before `send`.
+        A sync send still running after an earlier perform of the step was cancelled is
+        waited for first: then the effect goes by the table (a reconcile finds it)."""
         steps = protocol.perform_steps(self.run, step_id, service, key)
 
         async def deliver(request: protocol.Send) -> Any:
-            return await answered(self.pool, send, request.key)
+            return await answered(self.pool, send, (request.key,), {}, self._abandoned(step_id))
 
-        return await self._drive(f"perform({step_id!r})", steps, deliver)
+        return await self._drive(f"perform({step_id!r})", step_id, steps, deliver)
 
     def effect(self, step_id: str, service: Service, *, key: str | None = None) -> AsyncEffect:
         """`async with arun.effect(step, service) as call:` send with `call.key`, then
@@ -302,14 +329,18 @@ class AsyncRun:
         return AsyncEffect(self, step_id, service, key)
 
     async def settle(self, service: Service) -> NextAction:
-        """`Run.settle`: reconcile or mark unresolved the frontier effect."""
-        return await self._do("settle", lambda: self.run.settle(service))
+        """`Run.settle`: reconcile or mark unresolved the frontier effect (once a send of it
+        that a cancelled perform left running has returned)."""
+        with self._claimed("settle"):
+            await self.wait_in_flight(self.run.next_step)
+            return await in_thread(self.pool, lambda: self.run.settle(service))
 
     async def reconcile(self, step_id: str, service: Service) -> NextAction:
-        """`Run.reconcile`: look the effect up by key and commit the answer."""
-        return await self._do(
-            f"reconcile({step_id!r})", lambda: self.run.reconcile(step_id, service)
-        )
+        """`Run.reconcile`: look the effect up by key and commit the answer (once a send of
+        it that a cancelled perform left running has returned)."""
+        with self._claimed(f"reconcile({step_id!r})"):
+            await self.wait_in_flight(step_id)
+            return await in_thread(self.pool, lambda: self.run.reconcile(step_id, service))
 
     async def next_action(self, step_id: str | None = None) -> NextAction:
         """`Run.next_action` (it may read the clock and HEAD only; cheap, but kept uniform)."""

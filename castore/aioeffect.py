@@ -63,6 +63,7 @@ class AsyncEffect:
     async def __aenter__(self) -> AsyncCall:
         self._arun.claim(f"effect({self._step!r})")
         try:
+            await self._arun.wait_in_flight(self._step)
             # Cancelled after SUBMITTED was committed: unwind the manager as a failed body.
             manager, call = await in_thread(
                 self._arun.pool,

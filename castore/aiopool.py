@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -39,14 +39,39 @@ async def in_thread(
 
 
 async def answered(
-    pool: ThreadPoolExecutor, fn: Callable[..., Any], *args: Any, **kwargs: Any
+    pool: ThreadPoolExecutor,
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    abandoned: Callable[[Future[Any]], object],
 ) -> Any:
     """The caller's function: awaited on the loop if async, else in the pool (a sync SDK
-    call blocks); a sync function that returns an awaitable has it awaited."""
+    call blocks); a sync function that returns an awaitable has it awaited. Cancelled while
+    a sync function runs, the await ends at once (a timeout must not wait for a hung SDK),
+    but the thread cannot be stopped: `abandoned` is handed the job that runs on."""
     if journal.is_async(fn):
         return await fn(*args, **kwargs)
-    result = await asyncio.wrap_future(pool.submit(fn, *args, **kwargs))
+    job = pool.submit(fn, *args, **kwargs)
+    try:
+        result = await asyncio.wrap_future(job)
+    except asyncio.CancelledError:
+        if not job.cancel():  # it had started: its step is in flight until it returns
+            abandoned(job)
+        raise
     return await result if inspect.isawaitable(result) else result
+
+
+async def ended(job: Future[Any]) -> None:
+    """Wait for `job` to end, however it ends (its outcome is not ours to raise)."""
+    waiter = asyncio.wrap_future(job)
+    waiter.add_done_callback(_retrieved)
+    await asyncio.wait([waiter])
+
+
+def _retrieved(waiter: asyncio.Future[Any]) -> None:
+    # Looked at, so asyncio does not log "exception was never retrieved" for it.
+    if not waiter.cancelled():
+        waiter.exception()
 
 
 def advance(steps: Generator[Any, Any, Any], reply: Any, first: bool) -> tuple[bool, Any]:

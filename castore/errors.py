@@ -46,6 +46,8 @@
     │   ├── IllegalTransitionError               a state change PROTOCOL.md does not allow
     │   ├── EffectNotReadyError                  the effect's next action is not what was asked
     │   └── OutcomeUnknownError                  the effect is UNRESOLVED: a person must decide
+    ├── StepInFlightError                        a send or call of the step may still run, in
+    │                                            this process or another one on this host
     └── WorkerFailedError                        an fsck worker process died before its results
 
 Every message says what to do next. Structured fields (`path`, `task`, `expected`,
@@ -680,6 +682,23 @@ class OutcomeUnknownError(EffectError):
             "castore will not resend it. Check the service, then run "
             f"`castore resolve {task_id} {step} --confirmed RECEIPT` or `--not-done --reason TEXT`"
         )
+
+
+class StepInFlightError(CastoreError):
+    """A send or journaled call of the step may still be running: in this process (a run's
+    effect block or call, or a sync function a cancelled castore.aio await left in a pool
+    thread), or in another live process on this host that submitted the effect. Until it has
+    ended the step may not be reconciled, sent, marked or called again (castore.inflight).
+    `pid`: that other process, None for this one."""
+
+    def __init__(
+        self, task_id: str, step: str, doing: str, why: str, retry: str, *, pid: int | None = None
+    ) -> None:
+        self.task = task_id
+        self.step = step
+        self.doing = doing
+        self.pid = pid
+        super().__init__(f"task {task_id!r}: {doing} is refused: {why}; {retry}")
 
 
 class WorkerFailedError(CastoreError):

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from castore import codec, guard, protocol
+from castore import codec, guard, inflight, protocol
 from castore.digest import hash_bytes
 from castore.errors import EncodingError, ReplayDriftError, SecretInPayloadError, UsageError
 from castore.records import BlobRef
@@ -97,11 +97,14 @@ def call_steps(
     run: Run, step_id: str, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
 ) -> Generator[Invoke, Any, Any]:
     """The journaled call: the recorded result of a done step, else one `Invoke` and the
-    commit of its result (durable before this returns)."""
+    commit of its result (durable before this returns). StepInFlightError while a call of it
+    still runs in any run of this process (castore.inflight)."""
     digest = args_digest(args, kwargs)
     if _replayed(run, step_id, digest):
         return run.result(step_id)
-    result = yield Invoke()
+    inflight.refuse(run, step_id, f"calling step {step_id!r} again")
+    with inflight.sending(run, step_id):
+        result = yield Invoke()
     fields = fn.fields if isinstance(fn, Vouched) else ()
     stored, value = _recorded(run, step_id, result, fields)
     # The digest is a format-2 field: a v1 store keeps v1 bytes (no argument check there).

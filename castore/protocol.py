@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import attrs
 
-from castore import crashpoints, gate
+from castore import crashpoints, gate, inflight
 from castore.effects import (
     Action,
     Lookup,
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from castore.run import Run
 
 _SENDABLE = (Action.SUBMIT, Action.RESUBMIT)
+_SETTLING = (Action.RECONCILE, Action.MARK_UNRESOLVED, Action.ESCALATE)
 R = TypeVar("R")
 T = TypeVar("T")
 
@@ -156,7 +157,7 @@ def _ready(run: Run, step_id: str, service: Service) -> NextAction:
     """The effect's next action once the rows that do not send are applied (what settle
     does): submit, resubmit or skip; OutcomeUnknownError for an outcome nobody knows."""
     action = next_action(run, step_id)
-    if action.action in (Action.RECONCILE, Action.MARK_UNRESOLVED, Action.ESCALATE):
+    if action.action in _SETTLING:
         settle(run, service)
         action = next_action(run, step_id)
     if action.action is Action.ESCALATE:
@@ -170,7 +171,11 @@ def effect(run: Run, step_id: str, service: Service, key: str | None) -> Iterato
     """Apply the effect's next action (a rerun after a crash or an exception in the block
     reconciles, resubmits or escalates first), then commit SUBMITTED (the claim to send),
     yield the call and check it was settled. An effect that is CONFIRMED by then yields a
-    done call: the block ends at its first use of `call.key`."""
+    done call: the block ends at its first use of `call.key`. StepInFlightError while a
+    send of it may still run: in any run of this process, or in the live process of this
+    host that submitted it (castore.inflight)."""
+    if not run.done(step_id):
+        inflight.refuse(run, step_id, f"sending or reconciling effect {step_id!r} again")
     action = _ready(run, step_id, service)
     if action.action is Action.SKIP:
         # The block stops at its first use of the key: the effect happened already.
@@ -188,10 +193,13 @@ def effect(run: Run, step_id: str, service: Service, key: str | None) -> Iterato
     new = submitted_record(record, service, key or record.key or "", run.now_ms())
     if not new.key:
         raise UsageError(f"effect {step_id!r} needs an idempotency key")
-    run.advance(_transition(record, EffectState.SUBMITTED), _replace(run, new, step_id))
-    crashpoints.reach("effect.submitted")
-    call = Call(run, new)
-    yield call  # an exception from the body leaves the effect SUBMITTED: reconciled on resume
+    # Registered before the link: a run of this process that reads this SUBMITTED sees that
+    # its send may run. The block's end (or a lost commit) ends the registration.
+    with inflight.sending(run, step_id):
+        run.advance(_transition(record, EffectState.SUBMITTED), _replace(run, new, step_id))
+        crashpoints.reach("effect.submitted")
+        call = Call(run, new)
+        yield call  # an exception from the body leaves the effect SUBMITTED: reconciled on resume
     if not call.settled:
         raise UsageError(
             f"the body of effect {step_id!r} ended without call.confirm(receipt) or "
@@ -216,6 +224,7 @@ def _ask(service: Service, key: str) -> Reconciled:
 
 def reconcile(run: Run, step_id: str, service: Service) -> NextAction:
     """Look an in-flight effect up by key and commit what the service says."""
+    inflight.refuse(run, step_id, f"reconciling effect {step_id!r}")
     record = _open_record(run, step_id)
     if record.state not in (EffectState.SUBMITTED, EffectState.UNRESOLVED):
         raise EffectNotReadyError(step_id, record.state.value, next_action(run, step_id).action)
@@ -256,6 +265,8 @@ def _verify_environment(run: Run) -> None:
 def settle(run: Run, service: Service) -> NextAction:
     """Apply the non-sending rows of the table to the frontier effect; return what is left."""
     action = next_action(run, None)
+    if action.step is not None and action.action in _SETTLING:
+        inflight.refuse(run, action.step, f"settling effect {action.step!r}")
     if action.action is Action.RECONCILE and action.step is not None:
         action = reconcile(run, action.step, service)
     if action.action is Action.MARK_UNRESOLVED and action.step is not None:

@@ -60,14 +60,12 @@ class Replay:
             self.cursor += 1
             return Position.DONE
         if cursor > frontier.index:
-            if step_id == frontier.step:
-                raise UsageError(
-                    f"task {run.task_id!r}: step {step_id!r} (position {frontier.index}) was "
-                    "decided in this run and its work did not complete (its call raised, or "
-                    "its result could not be recorded); this run cannot start it again: open "
-                    "the task again (store.open_task) and run the same code, which does the "
-                    "step's work again with the same step id and arguments"
-                )
+            if frontier.step == step_id:
+                # This run passed the decided step (an `at` or a call whose work raised) and
+                # its work is not committed: asked again, it is the same position, checked as
+                # a reopen would check it, and nothing is decided twice.
+                self._check_pending(frontier.index, step_id, effect, args)
+                return Position.PENDING
             raise UsageError(
                 f"task {run.task_id!r}: step {frontier.step!r} at position {frontier.index} is "
                 "decided and not done; do its work first, with the call that decided it (the "

@@ -8,7 +8,7 @@ from __future__ import annotations
 import getpass
 import socket
 
-from castore import gate
+from castore import gate, inflight
 from castore.effects import check_transition, moved_record
 from castore.errors import UsageError
 from castore.records import (
@@ -59,6 +59,8 @@ def resolve(
         target, why, effects = EffectState.CONFIRMED, reason, kept  # CONFIRMED leaves the list
         check_transition(step_id, record.state, target)
     else:
+        # Not done, while a send of it still runs in this process: nobody can know that yet.
+        inflight.refuse(run, step_id, f"resolving effect {step_id!r} as not done")
         target, why = EffectState.NOT_DONE, _require(reason, "a reason")
         effects = (*kept, moved_record(record, target, run.now_ms(), why))
     transition = Transition(

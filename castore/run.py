@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import secrets
 import socket
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from castore import codec, fsio, gate, guard, journal, limits, protocol
+from castore import codec, fsio, gate, guard, inflight, journal, limits, protocol
 from castore.brief import Brief, make_brief
 from castore.briefview import view_of
 from castore.digest import hash_bytes, hash_chunks
@@ -239,7 +240,8 @@ class Run:
         `effect`; `args`, a journaled call's argument digest). DONE: the step is recorded
         there (its outcome is `run.outcome(step_id)`). PENDING: it is decided and not done,
         maybe by this call, which commits the decision (a growing plan) before it returns;
-        do its work and commit it. PlanDriftError (ReplayDriftError) if the task recorded
+        do its work and commit it (asked again before that, as a retry after the work
+        raised asks, it is PENDING again). PlanDriftError (ReplayDriftError) if the task recorded
         another step, kind or argument digest there."""
         return self._replay.at(step_id, effect, args)
 
@@ -588,6 +590,17 @@ class Run:
         """The fields this run's caller vouched for (the secret guard skips them)."""
         return self._settings.allow_fields
 
+    @functools.cached_property
+    def task_place(self) -> str:
+        """The real path of the task's chain directory: what identifies the task in this
+        process, however the store was opened (castore.inflight)."""
+        return os.path.realpath(self._slots.directory)
+
+    @property
+    def run_id(self) -> str:
+        """This run's random id, the `writer.run` of the snapshots it commits."""
+        return self._writer.run
+
     @property
     def writes_v2(self) -> bool:
         """True in a format-2 store (raw and tree objects may be written)."""
@@ -622,7 +635,10 @@ class Run:
         self, step_id: str, service: Service, send: Callable[[str], str], *, key: str | None = None
     ) -> str:
         """Drive effect `step_id` to CONFIRMED whatever its state: submit, resubmit, reconcile
-        or mark it unresolved, per the next-action table. Returns the receipt."""
+        or mark it unresolved, per the next-action table. Returns the receipt.
+        StepInFlightError while a send of it may still run, in any run of this process or
+        in the live process of this host that submitted it (castore.inflight): the service
+        may not have it yet."""
         return protocol.perform(self, step_id, service, send, key)
 
     def reconcile(self, step_id: str, service: Service) -> NextAction:
@@ -655,16 +671,20 @@ class Run:
 
     # -- lifetime --------------------------------------------------------------------------
     def close(self, *, finish: bool = True) -> None:
-        """Release the task's local lock (the run may not commit afterwards). In a v2 store, a
-        finished task is first sealed whole (one SEAL commit) and the sealing thread joined;
-        an error it met is raised here. `finish=False` (an exception is in flight): no seal."""
+        """Release the task's local lock (the run may not commit afterwards): at once, or,
+        while a send or call of the run still runs in a pool thread, when it has ended
+        (castore.inflight). In a v2 store, a finished task is first sealed whole (one SEAL
+        commit) and the sealing thread joined; an error it met is raised here.
+        `finish=False` (an exception is in flight): no seal."""
         try:
             if self._sealer is not None:
                 self._close_sealer(self._sealer, finish)
         finally:
             if self._lock is not None:
-                self._lock.release()
-                self._lock = None
+                lock, self._lock = self._lock, None
+                # A send or call of this run still running (in a pool thread, its await
+                # cancelled) keeps the task: whoever takes the lock next knows it has ended.
+                inflight.after_sends(self, lock.release)
             if self._stale is None:
                 self._stale = UsageError(
                     f"the run of task {self.task_id!r} is closed; resume the task"

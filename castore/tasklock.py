@@ -1,8 +1,10 @@
 """Per-task local lock (the only importer of filelock): queues workers on one host.
 
-Correctness never rests on it: on a network filesystem two hosts' locks may not see each
-other. The commit point (an exclusive link) is what makes a commit safe; the lock only
-spares local contenders a ConflictError.
+No commit rests on it: on a network filesystem two hosts' locks may not see each other. The
+commit point (an exclusive link) is what makes a commit safe; for commits the lock only spares
+local contenders a ConflictError. For effects it says more: a run holds it until its sends
+have ended (Run.close, castore.inflight), so where locks are coherent a run that got it knows
+no earlier run's send still runs (docs/FORMAT.md §14).
 """
 
 from __future__ import annotations
