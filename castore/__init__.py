@@ -1,7 +1,6 @@
 """castore: a crash-safe, content-addressed checkpoint store for agents and their side effects."""
 
-from castore.effects import NOT_FOUND, Action, NextAction, Reconciled, Service, found, unknown
-from castore.envdigest import env_digest, tree_digest
+from castore.chain.trees import RawRef, Tree, TreeRef
 from castore.errors import (
     CastoreError,
     ChainError,
@@ -43,13 +42,22 @@ from castore.errors import (
     UnsafeFileError,
     UsageError,
 )
-from castore.journal import vouch
-from castore.plans import head_digest, plan_id
-from castore.records import BlobRef, EffectState, Grown, Plan, Snapshot, Step, effect
-from castore.replay import Position
-from castore.run import Run, derive_key, derive_step_key
+from castore.format.effects import (
+    NOT_FOUND,
+    Action,
+    NextAction,
+    Reconciled,
+    Service,
+    found,
+    unknown,
+)
+from castore.format.envdigest import env_digest, tree_digest
+from castore.format.plans import head_digest, plan_id
+from castore.format.records import BlobRef, EffectState, Grown, Plan, Snapshot, Step, effect
+from castore.run.journal import vouch
+from castore.run.replay import Position
+from castore.run.run import Run, derive_key, derive_step_key
 from castore.store import Store
-from castore.trees import RawRef, Tree, TreeRef
 
 __version__ = "0.2.0.dev0"
 

@@ -91,7 +91,7 @@ class PlanTooLongError(UsageError):
         self.limit = limit
         super().__init__(
             f"task {task_id!r} has decided {limit} steps, the most a growing plan may "
-            "(castore.limits.MAX_GROWN_STEPS); finish it and continue in a new task (a fork "
+            "(castore.format.limits.MAX_GROWN_STEPS); finish it and continue in a new task (a fork "
             "carries its outcomes)"
         )
 
@@ -688,7 +688,7 @@ class StepInFlightError(CastoreError):
     """A send or journaled call of the step may still be running: in this process (a run's
     effect block or call, or a sync function a cancelled castore.aio await left in a pool
     thread), or in another live process on this host that submitted the effect. Until it has
-    ended the step may not be reconciled, sent, marked or called again (castore.inflight).
+    ended the step may not be reconciled, sent, marked or called again (castore.run.inflight).
     `pid`: that other process, None for this one."""
 
     def __init__(

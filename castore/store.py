@@ -8,21 +8,21 @@ import os
 from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
-from castore import (
-    brief,
-    briefview,
-    codec,
-    forget,
-    fork,
-    fsio,
-    gate,
-    resolution,
-    sealmark,
-    status,
-    storeinit,
-    trees,
+from castore.chain import briefview, sealmark, status, storeinit, trees
+from castore.chain.objects import ObjectStore
+from castore.chain.outcomes import Outcomes
+from castore.chain.packwalk import read_pack
+from castore.chain.refs import TaskSlots
+from castore.chain.seal import SEAL_EVERY
+from castore.chain.status import TaskStatus
+from castore.chain.trees import RawRef, Tree, TreeRef
+from castore.chain.verify import (
+    VerifiedChain,
+    decode_snapshot,
+    verified_head,
+    verify_chain,
+    verify_head,
 )
-from castore.digest import hash_bytes
 from castore.errors import (
     ConflictError,
     EncodingError,
@@ -38,18 +38,19 @@ from castore.errors import (
     UnsafeFileError,
     UsageError,
 )
-from castore.forget import Forgotten
-from castore.fork import Forked
-from castore.guard import DEFAULT_SNAPSHOT_BUDGET, refuse_secrets
-from castore.layout import CHAIN_DIR, Layout, decode_task_id, slot_name
-from castore.objects import ObjectStore
-from castore.outcomes import Outcomes
-from castore.packwalk import read_pack
-from castore.plans import plan_bytes, validate_plan
-from castore.plans import plan_id as plan_digest
-from castore.records import BlobRef, Plan, Snapshot
-from castore.refs import TaskSlots
-from castore.run import (
+from castore.format import codec
+from castore.format.digest import hash_bytes
+from castore.format.guard import DEFAULT_SNAPSHOT_BUDGET, refuse_secrets
+from castore.format.layout import CHAIN_DIR, Layout, decode_task_id, slot_name
+from castore.format.plans import plan_bytes, validate_plan
+from castore.format.plans import plan_id as plan_digest
+from castore.format.records import BlobRef, Plan, Snapshot
+from castore.medium import fsio
+from castore.medium.tasklock import TaskLock
+from castore.run import brief, forget, fork, gate, resolution
+from castore.run.forget import Forgotten
+from castore.run.fork import Forked
+from castore.run.run import (
     Clock,
     EnvSource,
     Run,
@@ -58,17 +59,6 @@ from castore.run import (
     initial_snapshot,
     refuse_recorded_secrets,
     wall_clock_ms,
-)
-from castore.seal import SEAL_EVERY
-from castore.status import TaskStatus
-from castore.tasklock import TaskLock
-from castore.trees import RawRef, Tree, TreeRef
-from castore.verify import (
-    VerifiedChain,
-    decode_snapshot,
-    verified_head,
-    verify_chain,
-    verify_head,
 )
 
 MARKER = storeinit.MARKER
@@ -357,7 +347,7 @@ class Store:
         now_ms: int | None = None,
         verify: bool = False,
     ) -> brief.Brief:
-        """The resume brief of task `task_id` (castore.brief): HEAD checked as `status`
+        """The resume brief of task `task_id` (castore.run.brief): HEAD checked as `status`
         checks it and the few newest outcomes read back from it, never the whole history;
         `verify=True` verifies the whole chain first, as a resume does."""
         slots = self._slots(task_id)
@@ -386,7 +376,7 @@ class Store:
         return Run(self.objects, slots, chain, settings, lock)
 
     def seal_run(self, task_id: str) -> Run:
-        """A run of task `task_id` for sealing it (`castore.seal.seal_task`): its chain must
+        """A run of task `task_id` for sealing it (`castore.chain.seal.seal_task`): its chain must
         verify; no gate check applies, since a SEAL commit changes nothing but the anchor."""
         return self._decision_run(task_id, keep_env=True, seal=True)
 

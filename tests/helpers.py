@@ -16,8 +16,8 @@ import pytest
 
 from castore import crashpoints
 from castore.cli import main as cli_main
-from castore.digest import hash_bytes
-from castore.layout import is_object_name
+from castore.format.digest import hash_bytes
+from castore.format.layout import is_object_name
 
 # (mode, size, mtime_ns, sha256 of the content | symlink target | None for other kinds)
 Entry = tuple[int, int, int, str | None]

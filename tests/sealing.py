@@ -10,10 +10,11 @@ import pytest
 
 import castore
 import castore.store
-from castore import codec, packs
-from castore.digest import hash_bytes
-from castore.records import Plan, Snapshot, snapshot_version
-from castore.verify import decode_snapshot, verify_chain
+from castore.chain import packs
+from castore.chain.verify import decode_snapshot, verify_chain
+from castore.format import codec
+from castore.format.digest import hash_bytes
+from castore.format.records import Plan, Snapshot, snapshot_version
 
 EVERY = 8  # seal every 8 commits: many packs from short tasks
 

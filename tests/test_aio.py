@@ -17,7 +17,7 @@ import castore
 from castore import EffectState
 from castore.aio import AsyncRun, AsyncStore
 from castore.errors import TaskBusyError, UsageError
-from castore.run import Run
+from castore.run.run import Run
 
 TASK = "agent-1"
 PLAN = castore.Plan.build("agent", "think", castore.effect("pay", "think"), "after")

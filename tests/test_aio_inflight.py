@@ -16,8 +16,9 @@ import pytest
 from fakeshop import DEADLINE_S, HeldSend, Ledger
 
 import castore
-from castore import EffectState, crashpoints, inflight
+from castore import EffectState, crashpoints
 from castore.aio import AsyncRun, AsyncStore
+from castore.run import inflight
 
 TASK = "agent-1"
 FIXED = castore.Plan.build("agent", castore.effect("pay"), "think")

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 import castore
-from castore import fsio, groupflush
-from castore.flushpolicy import FlushPolicy
-from castore.fsck import Severity, check_store
+from castore.maintenance.fsck import Severity, check_store
+from castore.medium import fsio, groupflush
+from castore.medium.flushpolicy import FlushPolicy
 from tests.helpers import object_files
 
 SHARED = FlushPolicy(True, "ext4", "test: shared")

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 import castore
-from castore import brief
-from castore.effects import Service
-from castore.objects import ObjectStore
-from castore.records import Plan, Step, effect
-from castore.seal import seal_task
+from castore.chain.objects import ObjectStore
+from castore.chain.seal import seal_task
+from castore.format.effects import Service
+from castore.format.records import Plan, Step, effect
+from castore.run import brief
 from tests.helpers import cli, flip_bit, rewrite
 
 BANK = Service("bank")  # neither idempotent nor reconcilable: an interruption is UNRESOLVED

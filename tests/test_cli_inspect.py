@@ -15,9 +15,9 @@ from helpers import cli, rewrite
 from test_cli import TASK, assert_one_error_line, make_unresolved
 
 import castore
-from castore import codec
 from castore.cli.lookup import MIN_PREFIX
-from castore.digest import hash_bytes
+from castore.format import codec
+from castore.format.digest import hash_bytes
 
 
 def two_blobs_sharing_a_prefix() -> tuple[int, int, str]:

@@ -14,9 +14,9 @@ from helpers import cli
 from test_cli import TASK, make_finished, make_unresolved
 
 import castore
-from castore.alerts import Alert
 from castore.cli import build_parser
 from castore.cli.watch import alert_json
+from castore.watch.alerts import Alert
 
 
 def json_lines(out: str) -> list[dict[str, Any]]:
@@ -45,7 +45,7 @@ def test_init_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     expected = {
         "type": "init",
         "store": str(tmp_path / "s"),
-        "format": castore.codec.FORMAT_VERSION,
+        "format": castore.format.codec.FORMAT_VERSION,
     }
     assert [expected] == json_lines(out)
     assert [] == castore.Store.open(tmp_path / "s").tasks()

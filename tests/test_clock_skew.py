@@ -22,9 +22,9 @@ import pytest
 
 import castore
 from castore import Action, EffectState
-from castore.effects import CLOCK_TOLERANCE_MS, ChainClock, effect_action
+from castore.format.effects import CLOCK_TOLERANCE_MS, ChainClock, effect_action
+from castore.format.records import EffectRecord
 from castore.lab.service import ServiceProcess, applied_counts, start_service
-from castore.records import EffectRecord
 
 WORKER = Path(__file__).with_name("clock_worker.py")
 TASK = "charge-1"  # the worker's task and plan

@@ -1,4 +1,4 @@
-"""The canonical encoding (castore.codec): round trips, determinism, pinned ids, refusals."""
+"""The canonical encoding (castore.format.codec): round trips, determinism, pinned ids, refusals."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import castore
-from castore import codec
-from castore.digest import hash_bytes
-from castore.plans import plan_bytes
-from castore.records import (
+from castore.format import codec
+from castore.format.digest import hash_bytes
+from castore.format.plans import plan_bytes
+from castore.format.records import (
     EffectRecord,
     EffectState,
     Frontier,

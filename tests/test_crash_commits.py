@@ -13,7 +13,7 @@ from helpers import acks, misnamed_objects, object_files, read_line, spawn_child
 
 import castore
 from castore import crashpoints
-from castore.layout import is_object_name, parse_slot_name, parse_temp_name
+from castore.format.layout import is_object_name, parse_slot_name, parse_temp_name
 
 TASK = "crash/1"
 STEPS = 3000  # more than the random kills let the writer commit

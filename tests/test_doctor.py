@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 from sshfs import SshfsPair, mount_sshfs_pair
 
-from castore import doctor, flushpolicy, fsio, mountinfo
+from castore import doctor
 from castore.cli import main
 from castore.doctor import flush, run_doctor
 from castore.errors import UsageError
+from castore.medium import flushpolicy, fsio, mountinfo
 
 REQUIRED = {
     "scratch-directory",

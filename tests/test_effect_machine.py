@@ -22,7 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import castore
 from castore import Action, EffectState
-from castore.effects import CLOCK_TOLERANCE_MS
+from castore.format.effects import CLOCK_TOLERANCE_MS
 
 S = EffectState
 TASK = "machine-1"

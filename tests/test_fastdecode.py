@@ -1,4 +1,4 @@
-"""fsck's fast decoding path (castore.fastdecode) never accepts what the strict path refuses.
+"""fsck's fast decoding path (castore.format.fastdecode) never accepts what the strict path refuses.
 
 The contract: `decode_canonical` answers "valid, here is the record" or "not sure" (None).
 Whenever it answers, the strict path (codec.decode_value + canonical re-encoding + cattrs)
@@ -15,10 +15,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from castore import codec
 from castore.errors import EncodingError
-from castore.fastdecode import canonical_view, decode_canonical, decode_canonical_value
-from castore.records import (
+from castore.format import codec
+from castore.format.fastdecode import canonical_view, decode_canonical, decode_canonical_value
+from castore.format.records import (
     EffectRecord,
     EffectState,
     Frontier,

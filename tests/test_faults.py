@@ -3,7 +3,7 @@
 STORAGE.md property 4: never retry a failed fsync; remove the temp file, publish nothing,
 raise an error that names the path; the next call after the fault clears succeeds.
 
-Three layers: faults injected in-process into the `os` that castore.fsio calls (exact,
+Three layers: faults injected in-process into the `os` that castore.medium.fsio calls (exact,
 every call site), a real ENOSPC on a tiny tmpfs, and a real fsync EIO injected by strace
 into a child process.
 """
@@ -26,15 +26,15 @@ import pytest
 from helpers import misnamed_objects, tree_snapshot
 
 import castore
-from castore import fsio
-from castore.digest import hash_bytes
-from castore.fsck import Severity, check_store
-from castore.layout import is_object_name, parse_slot_name, parse_temp_name
+from castore.format.digest import hash_bytes
+from castore.format.layout import is_object_name, parse_slot_name, parse_temp_name
+from castore.maintenance.fsck import Severity, check_store
+from castore.medium import fsio
 
 PLAN = castore.Plan.build("faults", *[f"s{i}" for i in range(8)])
 TASK = "fault/1"
 
-# -- an `os` for castore.fsio that fails one chosen call ---------------------------------------
+# -- an `os` for castore.medium.fsio that fails one chosen call -------------------------------
 
 
 def kind_of(path: str) -> str:
@@ -76,7 +76,7 @@ class Call:
 
 
 class FaultyOS:
-    """Stands in for the `os` module inside castore.fsio: records every write, fsync, close,
+    """Stands in for the `os` module inside castore.medium.fsio: records every write, fsync, close,
     link and unlink by the path it concerns, and fails the one call its Fault names."""
 
     def __init__(self, fault: Fault | None = None) -> None:
@@ -150,7 +150,7 @@ class FaultyOS:
 
 @pytest.fixture
 def faulty(monkeypatch: pytest.MonkeyPatch) -> FaultyOS:
-    """castore.fsio's `os`, recording calls; arm a Fault with `faulty.arm(...)`."""
+    """castore.medium.fsio's `os`, recording calls; arm a Fault with `faulty.arm(...)`."""
     fake = FaultyOS()
     monkeypatch.setattr(fsio, "os", fake)
     return fake

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from castore import flushpolicy, fsio, mountinfo
 from castore.errors import UsageError
-from castore.flushpolicy import FlushPolicy, decide, kernel_version
+from castore.medium import flushpolicy, fsio, mountinfo
+from castore.medium.flushpolicy import FlushPolicy, decide, kernel_version
 
 
 def _uname(release: str) -> os.uname_result:

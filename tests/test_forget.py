@@ -14,15 +14,15 @@ from helpers import cli
 from test_gc_handshake import finish, spawn, wait_stopped
 
 import castore
-from castore import forget as forgetting
 from castore.errors import (
     ForgetRefusedError,
     IllegalHistoryError,
     TaskForgottenError,
 )
-from castore.history import illegal_changes
-from castore.records import Transition, TransitionKind
-from castore.run import RunSettings, encode_snapshot
+from castore.format.history import illegal_changes
+from castore.format.records import Transition, TransitionKind
+from castore.run import forget as forgetting
+from castore.run.run import RunSettings, encode_snapshot
 
 PLAN = castore.Plan.build("job", "a", castore.effect("pay", "a"), "b")
 SERVICE = castore.Service("payments")

@@ -12,8 +12,8 @@ from helpers import cli, flip_bit, rewrite
 
 import castore
 from castore.errors import ChainError, ForkError, TaskForgottenError
-from castore.fastdecode import decode_canonical
-from castore.records import EffectState, Snapshot
+from castore.format.fastdecode import decode_canonical
+from castore.format.records import EffectState, Snapshot
 
 PLAN = castore.Plan.build("job", "a", castore.effect("pay", "a"), "b", "c")
 PLAN_ID = castore.plan_id(PLAN)
@@ -164,8 +164,11 @@ def test_a_snapshot_without_fork_keeps_its_v1_bytes_and_fast_path(store: castore
     source(store)
     forked = store.fork("src@1", "copy")
     for object_id, has_fork in ((store.history("src")[0][0], False), (forked.snapshot, True)):
-        _, body = castore.codec.unframe(store.objects.read(object_id))
+        _, body = castore.format.codec.unframe(store.objects.read(object_id))
         assert has_fork == (b'"fork"' in body)
         fast = decode_canonical(body, Snapshot)
         assert fast is not None
-        assert castore.codec.from_builtins(castore.codec.decode_value(body), Snapshot) == fast
+        assert (
+            castore.format.codec.from_builtins(castore.format.codec.decode_value(body), Snapshot)
+            == fast
+        )

@@ -27,17 +27,17 @@ import pytest
 from helpers import cli, flip_bit, read_line, rewrite, tree_snapshot
 
 import castore
-import castore.fsck.objects
-import castore.fsck.quarantine
-import castore.fsck.workers
-import castore.gc
-from castore import codec
-from castore.digest import hash_bytes
-from castore.fsck import CODES, Finding, Severity, Summary, check_store
-from castore.layout import encode_task_id
-from castore.records import EffectState, Frontier, Transition, TransitionKind
-from castore.refs import TaskSlots
-from castore.run import RunSettings, encode_snapshot
+import castore.maintenance.fsck.objects
+import castore.maintenance.fsck.quarantine
+import castore.maintenance.fsck.workers
+import castore.maintenance.gc
+from castore.chain.refs import TaskSlots
+from castore.format import codec
+from castore.format.digest import hash_bytes
+from castore.format.layout import encode_task_id
+from castore.format.records import EffectState, Frontier, Transition, TransitionKind
+from castore.maintenance.fsck import CODES, Finding, Severity, Summary, check_store
+from castore.run.run import RunSettings, encode_snapshot
 
 PLAIN = castore.Plan.build("plain", "a", "b", "c", "d")
 OTHER = castore.Plan.build("other", "a", "b", "c")
@@ -247,14 +247,14 @@ def fsck(root: str, **options: Any) -> list[Finding]:
 @contextlib.contextmanager
 def forced_pool() -> Iterator[None]:
     """Worker processes even for a small store, and direct checks shared in small batches."""
-    saved = {name: getattr(castore.fsck.workers, name) for name in FORCED_POOL}
+    saved = {name: getattr(castore.maintenance.fsck.workers, name) for name in FORCED_POOL}
     for name, value in FORCED_POOL.items():
-        setattr(castore.fsck.workers, name, value)
+        setattr(castore.maintenance.fsck.workers, name, value)
     try:
         yield
     finally:
         for name, value in saved.items():
-            setattr(castore.fsck.workers, name, value)
+            setattr(castore.maintenance.fsck.workers, name, value)
 
 
 FORCED_POOL = {"PARALLEL_TASKS": 1, "PARALLEL_OBJECTS": 1, "BATCH": 2}
@@ -937,7 +937,7 @@ def test_what_fsck_calls_unreachable_gc_would_remove(world: World, damage: str) 
     listed = damage != "parent-damaged"
     assert listed == (world.rel(world.obj(orphan)) in unreachable)
     future = time.time() + 400 * 86400
-    would_remove = set(castore.gc.collect(world.root, dry_run=True, now=future).removed)
+    would_remove = set(castore.maintenance.gc.collect(world.root, dry_run=True, now=future).removed)
     assert set() == unreachable - would_remove
 
 
@@ -1000,7 +1000,8 @@ def test_slots_whose_objects_are_gone_are_reported_in_slot_order(world: World) -
         world.obj(world.snaps["plain/1"][seq]).unlink()
     expected = [world.slot_rel("plain/1", seq) for seq in range(5)]
     code = (
-        "import sys, castore.fsck as fsck, castore.fsck.workers as workers\n"
+        "import sys, castore.maintenance.fsck as fsck\n"
+        "import castore.maintenance.fsck.workers as workers\n"
         "workers.PARALLEL_TASKS = 1\n"
         "for f in fsck.check_store(sys.argv[1], jobs=int(sys.argv[2])):\n"
         "    if f.code == 'snapshot-name-lost': print(f.path)\n"
@@ -1635,7 +1636,7 @@ def test_with_other_threads_running_fsck_works_in_its_own_process(
     other.start()
     try:
         with forced_pool():
-            monkeypatch.setattr(castore.fsck.workers, "ForkedMap", no_pool)
+            monkeypatch.setattr(castore.maintenance.fsck.workers, "ForkedMap", no_pool)
             pooled = [row(f) for f in check_store(world.root, jobs=2)]
     finally:
         stop.set()
@@ -1648,8 +1649,8 @@ def test_a_script_without_a_main_guard_may_run_fsck_beside_a_thread(world: World
     check_store(jobs=2): its top level runs once, and it gets its findings."""
     script = Path(world.root).parent / "plain_script.py"
     script.write_text(
-        "import sys, threading, castore.fsck.workers as workers\n"
-        "from castore.fsck import check_store\n"
+        "import sys, threading, castore.maintenance.fsck.workers as workers\n"
+        "from castore.maintenance.fsck import check_store\n"
         "print('top level', flush=True)\n"
         "workers.PARALLEL_TASKS = workers.PARALLEL_OBJECTS = 1\n"
         "stop = threading.Event()\n"
@@ -1676,16 +1677,18 @@ def test_direct_checks_use_workers_even_with_few_tasks(
         put_raw(world.store, codec.frame("blob", codec.encode_value({"n": number})))
     alone = [row(f) for f in check_store(world.root, jobs=1)]
     started: list[int] = []
-    real = castore.fsck.workers.ForkedMap
+    real = castore.maintenance.fsck.workers.ForkedMap
 
     def spy(function: Any, units: Any, jobs: int) -> Any:
         started.append(jobs)
         return real(function, units, jobs)
 
-    monkeypatch.setattr(castore.fsck.workers, "PARALLEL_OBJECTS", 10)
-    monkeypatch.setattr(castore.fsck.workers, "BATCH", 7)
-    monkeypatch.setattr(castore.fsck.workers, "ForkedMap", spy)
-    assert 3 < castore.fsck.workers.PARALLEL_TASKS  # the world has 3 tasks: no task pool
+    monkeypatch.setattr(castore.maintenance.fsck.workers, "PARALLEL_OBJECTS", 10)
+    monkeypatch.setattr(castore.maintenance.fsck.workers, "BATCH", 7)
+    monkeypatch.setattr(castore.maintenance.fsck.workers, "ForkedMap", spy)
+    assert (
+        3 < castore.maintenance.fsck.workers.PARALLEL_TASKS
+    )  # the world has 3 tasks: no task pool
     pooled = [row(f) for f in check_store(world.root, jobs=2)]
     assert [2] == started
     assert alone == pooled
@@ -1698,7 +1701,7 @@ def test_progress_counts_up_to_every_object_checked(
 ) -> None:
     """progress(done, total) never goes back, stays below total until its last call, and
     that call says every object was checked."""
-    monkeypatch.setattr(castore.fsck.workers, "PARALLEL_TASKS", 1)
+    monkeypatch.setattr(castore.maintenance.fsck.workers, "PARALLEL_TASKS", 1)
     calls: list[tuple[int, int]] = []
     summary = Summary()
     list(check_store(world.root, jobs=jobs, summary=summary, progress=lambda *c: calls.append(c)))
@@ -1712,7 +1715,7 @@ def test_transient_read_error_is_read_again(
     world: World, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A read that fails once with EIO and then succeeds is no finding."""
-    real = castore.fsck.objects.read_regular_with_stat
+    real = castore.maintenance.fsck.objects.read_regular_with_stat
     failed: list[str] = []
 
     def flaky(path: str) -> tuple[bytes, os.stat_result]:
@@ -1721,14 +1724,14 @@ def test_transient_read_error_is_read_again(
             raise OSError(errno.EIO, "Input/output error", path)
         return real(path)
 
-    monkeypatch.setattr(castore.fsck.objects, "read_regular_with_stat", flaky)
+    monkeypatch.setattr(castore.maintenance.fsck.objects, "read_regular_with_stat", flaky)
     assert [] == fsck(world.root)
     assert 1 == len(failed)
 
 
 def test_persistent_read_error_is_read_error(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
     """An object that fails to read twice in a row: `read-error`, naming the errno."""
-    real = castore.fsck.objects.read_regular_with_stat
+    real = castore.maintenance.fsck.objects.read_regular_with_stat
     bad = str(world.obj(world.blob))
     calls: list[str] = []
 
@@ -1738,7 +1741,7 @@ def test_persistent_read_error_is_read_error(world: World, monkeypatch: pytest.M
             raise OSError(errno.EIO, "Input/output error", path)
         return real(path)
 
-    monkeypatch.setattr(castore.fsck.objects, "read_regular_with_stat", failing)
+    monkeypatch.setattr(castore.maintenance.fsck.objects, "read_regular_with_stat", failing)
     list(check_store(world.root, jobs=1))
     assert 2 == len(calls)  # read, then read once more
     findings = fsck(world.root)  # (with workers too: whichever process reads it, counted or not)
@@ -1759,9 +1762,9 @@ def test_parallel_check_finds_what_the_serial_one_finds(
     put_raw(world.store, craft(b"widget", b"{}"))
     serial = [row(finding) for finding in check_store(world.root, jobs=1)]
     assert {"hash-mismatch", "writable-object", "unknown-kind"} <= {r[0] for r in serial}
-    monkeypatch.setattr(castore.fsck.workers, "PARALLEL_TASKS", 1)
-    monkeypatch.setattr(castore.fsck.workers, "PARALLEL_OBJECTS", 1)
-    monkeypatch.setattr(castore.fsck.workers, "BATCH", 3)
+    monkeypatch.setattr(castore.maintenance.fsck.workers, "PARALLEL_TASKS", 1)
+    monkeypatch.setattr(castore.maintenance.fsck.workers, "PARALLEL_OBJECTS", 1)
+    monkeypatch.setattr(castore.maintenance.fsck.workers, "BATCH", 3)
     before = tree_snapshot(world.root)
     parallel = [row(finding) for finding in check_store(world.root, jobs=3)]
     assert before == tree_snapshot(world.root)
@@ -1824,7 +1827,7 @@ def test_quarantine_moves_damaged_objects_and_deletes_nothing(
 
     findings = fsck(world.root)
     rows = list(map(row, findings))
-    assert [] == [r for r in rows if r[0] in castore.fsck.quarantine.DAMAGE]
+    assert [] == [r for r in rows if r[0] in castore.maintenance.fsck.quarantine.DAMAGE]
     assert (
         "missing-object",
         ERROR,
@@ -1842,7 +1845,9 @@ def test_quarantine_twice_in_one_second_keeps_both_manifests(
 ) -> None:
     """Two quarantines in the same second (same stamp) both leave a manifest naming what
     they moved: none is silently lost."""
-    monkeypatch.setattr(castore.fsck.quarantine.time, "strftime", lambda *_: "20260101T000000Z")
+    monkeypatch.setattr(
+        castore.maintenance.fsck.quarantine.time, "strftime", lambda *_: "20260101T000000Z"
+    )
     first = put_raw(world.store, craft(b"widget", b"{}"))
     assert 1 == cli(capsys, "fsck", world.root, "--quarantine")[0]
     second = put_raw(world.store, craft(b"gadget", b"{}"))

@@ -12,12 +12,12 @@ from helpers import flip_bit, rewrite
 from test_fsck import ERROR, INFO, WARNING, check, fsck, put_raw, row, within_deadline
 
 import castore
-from castore import codec
-from castore.fsck import check_store
-from castore.fsck.named import NamedObjects
-from castore.fsck.objects import ObjectReport
-from castore.gc import collect
-from castore.trees import MAX_TREE_DEPTH, Tree
+from castore.chain.trees import MAX_TREE_DEPTH, Tree
+from castore.format import codec
+from castore.maintenance.fsck import check_store
+from castore.maintenance.fsck.named import NamedObjects
+from castore.maintenance.fsck.objects import ObjectReport
+from castore.maintenance.gc import collect
 
 PLAN = castore.Plan.build("kinds", "a", "b", "c")
 

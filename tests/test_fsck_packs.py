@@ -18,12 +18,13 @@ from helpers import flip_bit, rewrite
 from test_fsck import ERROR, INFO, check, fsck, put_raw, row
 
 import castore
-from castore import codec, packs
-from castore.digest import hash_bytes
-from castore.gc import GcReport, Reachable, collect
-from castore.layout import MARKS_DIR, slot_name, temp_name
-from castore.records import Sealed, Transition, TransitionKind, snapshot_version
-from castore.refs import TaskSlots
+from castore.chain import packs
+from castore.chain.refs import TaskSlots
+from castore.format import codec
+from castore.format.digest import hash_bytes
+from castore.format.layout import MARKS_DIR, slot_name, temp_name
+from castore.format.records import Sealed, Transition, TransitionKind, snapshot_version
+from castore.maintenance.gc import GcReport, Reachable, collect
 
 PLAN = castore.Plan.build("sealed", *(f"s{i}" for i in range(10)))
 BLOB_STEP = "s1"  # its result is a blob: named only by the pack once its slot is pruned

@@ -12,9 +12,9 @@ import pytest
 from helpers import flip_bit, rewrite, tree_snapshot
 
 import castore
-from castore.records import EffectRecord, EffectState, Frontier, Transition, TransitionKind
-from castore.refs import TaskSlots
-from castore.run import RunSettings, encode_snapshot, initial_snapshot
+from castore.chain.refs import TaskSlots
+from castore.format.records import EffectRecord, EffectState, Frontier, Transition, TransitionKind
+from castore.run.run import RunSettings, encode_snapshot, initial_snapshot
 
 TASK = "report-1"
 PLAN = castore.Plan.build("report", "fetch", castore.effect("pay", "fetch"), "publish")

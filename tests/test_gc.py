@@ -17,10 +17,10 @@ import pytest
 from helpers import read_line, tree_snapshot
 
 import castore
-import castore.gc
+import castore.maintenance.gc
 from castore.cli import main
-from castore.fsck import Severity, check_store
-from castore.gc import DEFAULT_GRACE_S, collect
+from castore.maintenance.fsck import Severity, check_store
+from castore.maintenance.gc import DEFAULT_GRACE_S, collect
 
 PLAN = castore.Plan.build("gc", "a", "b", "c")
 DAY = 86400.0
@@ -229,7 +229,7 @@ def test_blob_refreshed_while_gc_decides_survives(
     age(obj(store, ref.blob), 30)
     run = store.start("t/1", PLAN)
     real_link = os.link
-    real_remove = castore.fsio.remove_if_present
+    real_remove = castore.medium.fsio.remove_if_present
 
     def writer_before_the_set_aside(source: str, target: str, **kwargs: Any) -> None:
         if source == str(obj(store, ref.blob)) and moment == "before-set-aside":
@@ -241,8 +241,10 @@ def test_blob_refreshed_while_gc_decides_survives(
         if path == str(obj(store, ref.blob)) and moment == "after-set-aside":
             run.commit_step("a", store.put_blob({"value": 7}))  # publishes it anew
 
-    monkeypatch.setattr(castore.gc.os, "link", writer_before_the_set_aside)
-    monkeypatch.setattr(castore.gc.fsio, "remove_if_present", writer_after_the_set_aside)
+    monkeypatch.setattr(castore.maintenance.gc.os, "link", writer_before_the_set_aside)
+    monkeypatch.setattr(
+        castore.maintenance.gc.fsio, "remove_if_present", writer_after_the_set_aside
+    )
     try:
         collect(store.root, grace_s=14 * DAY)
     finally:
@@ -278,8 +280,8 @@ def test_put_of_an_object_whose_read_fails_enoent_after_open_publishes_it_anew(
             raise FileNotFoundError(2, "No such file or directory")
         return real_read(fd, size)
 
-    monkeypatch.setattr(castore.fsio.os, "open", open_remembering)
-    monkeypatch.setattr(castore.fsio.os, "read", read_failing_once)
+    monkeypatch.setattr(castore.medium.fsio.os, "open", open_remembering)
+    monkeypatch.setattr(castore.medium.fsio.os, "read", read_failing_once)
     again = store.put_blob({"value": 9})
     monkeypatch.undo()
     assert [path] == failed
@@ -481,10 +483,10 @@ def test_a_put_that_finds_its_object_set_aside_publishes_it_again(
     writer notices the object vanished and publishes it anew instead of trusting the name."""
     ref = store.put_blob({"value": 9})
     path = obj(store, ref.blob)
-    real_read = castore.objects.ObjectStore.read
+    real_read = castore.chain.objects.ObjectStore.read
     moved: list[str] = []
 
-    def read_after_gc_moved_it(self: castore.objects.ObjectStore, object_id: str) -> bytes:
+    def read_after_gc_moved_it(self: castore.chain.objects.ObjectStore, object_id: str) -> bytes:
         if object_id == ref.blob and not moved:
             aside = path.with_name(".tmp-gc-1-0123456789ab")
             os.rename(path, aside)  # what gc does, at the worst moment
@@ -492,7 +494,7 @@ def test_a_put_that_finds_its_object_set_aside_publishes_it_again(
             moved.append(object_id)
         return real_read(self, object_id)
 
-    monkeypatch.setattr(castore.objects.ObjectStore, "read", read_after_gc_moved_it)
+    monkeypatch.setattr(castore.chain.objects.ObjectStore, "read", read_after_gc_moved_it)
     again = store.put_blob({"value": 9})
     monkeypatch.undo()
     assert ([ref.blob], ref) == (moved, again)

@@ -16,8 +16,8 @@ import pytest
 from helpers import cli
 
 import castore
-from castore.fsck import Severity, check_store
-from castore.gc import collect
+from castore.maintenance.fsck import Severity, check_store
+from castore.maintenance.gc import collect
 
 DEADLINE = 60.0
 PLAN = castore.Plan.build("hs", "a", "b")
@@ -38,7 +38,7 @@ with store.start(task, plan) as run:
     snapshot_id = run.commit_step("a", ref)
 print("ack", snapshot_id, ref.blob, flush=True)
 """
-GC = "import sys, castore.gc; castore.gc.collect(sys.argv[1], grace_s=0)"
+GC = "import sys, castore.maintenance.gc; castore.maintenance.gc.collect(sys.argv[1], grace_s=0)"
 
 
 def spawn(

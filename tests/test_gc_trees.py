@@ -1,4 +1,4 @@
-"""gc follows what trees name (castore/references.py): a live tree's parts stay, however deep
+"""gc follows what trees name (castore/chain/references.py): a live tree's parts stay, however deep
 and however the tree is named; an unreferenced tree goes with its parts after the grace
 period; forged and damaged trees end the walk instead of hanging it or losing data."""
 
@@ -15,10 +15,11 @@ from test_fsck_kinds import craft_tree
 from test_gc_handshake import finish, spawn, wait_stopped
 
 import castore
-from castore import codec, references
-from castore.fsck import Severity, check_store
-from castore.gc import GcReport, Reachable, collect
-from castore.layout import temp_name
+from castore.chain import references
+from castore.format import codec
+from castore.format.layout import temp_name
+from castore.maintenance.fsck import Severity, check_store
+from castore.maintenance.gc import GcReport, Reachable, collect
 
 PLAN = castore.Plan.build("gct", "a", "b")
 DAY = 86400.0
@@ -183,7 +184,7 @@ with store.start(task, plan) as run:
     snapshot_id = run.commit_step("a", tree)
 print("ack", snapshot_id, flush=True)
 """
-GC = "import sys, castore.gc; castore.gc.BATCH = 1; castore.gc.collect(sys.argv[1], grace_s=0)"
+GC = "import sys, castore.maintenance.gc as gc; gc.BATCH = 1; gc.collect(sys.argv[1], grace_s=0)"
 
 
 @pytest.mark.parametrize(
@@ -218,7 +219,7 @@ def test_reachable_is_what_gc_keeps(store: castore.Store) -> None:
         run.commit_step("a", root)
         head = run.head_id
     orphan = store.put_tree({"x": store.put_raw(b"orphan")})
-    reach = castore.gc.reachable(store.root)
+    reach = castore.maintenance.gc.reachable(store.root)
     assert False is reach.unreadable
     assert {head, root.tree, *ids} <= reach.referenced
     assert orphan.tree not in reach.referenced

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import castore
-from castore import codec
+from castore.format import codec
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "golden"
@@ -161,10 +161,10 @@ def test_a_fork_s_outcomes_tree_is_named_in_fsck(tmp_path: Path) -> None:
     store = castore.Store.open(root)
     fork = store.history("forked")[-1][1].fork
     assert fork is not None
-    codes = {(f.code, f.object_id) for f in castore.fsck.check_store(root, jobs=1)}
+    codes = {(f.code, f.object_id) for f in castore.maintenance.fsck.check_store(root, jobs=1)}
     assert ("unreachable-object", fork.outcomes) not in codes
     Path(store.objects.path(fork.outcomes)).unlink()
-    found = {(f.code, f.task) for f in castore.fsck.check_store(root, jobs=1)}
+    found = {(f.code, f.task) for f in castore.maintenance.fsck.check_store(root, jobs=1)}
     assert ("missing-object", "forked") in found
 
 
@@ -196,8 +196,8 @@ def test_writing_into_a_v1_store_keeps_it_v1(tmp_path: Path) -> None:
     assert marker == (root / "castore.json").read_bytes()
     assert {b"1"} == set(_objects_by_header(root))
     assert 1 == castore.Store.open(root).format_version
-    summary = castore.fsck.Summary()
-    findings = list(castore.fsck.check_store(root, jobs=1, summary=summary))
+    summary = castore.maintenance.fsck.Summary()
+    findings = list(castore.maintenance.fsck.check_store(root, jobs=1, summary=summary))
     assert (0, []) == (summary.exit_status, [f for f in findings if f.severity.value == "error"])
 
 
@@ -236,7 +236,7 @@ def test_an_object_of_an_unknown_version_is_refused_not_corrupt(tmp_path: Path) 
     assert not isinstance(caught.value, castore.ObjectCorruptError)
     assert (999, codec.SUPPORTED_VERSIONS) == (caught.value.found, caught.value.supported)
     assert "chain/0000000000000002 uses castore format version 999" in str(caught.value)
-    codes = {f.code for f in castore.fsck.check_store(root, jobs=1)}
+    codes = {f.code for f in castore.maintenance.fsck.check_store(root, jobs=1)}
     assert "unknown-version" in codes
     assert not codes & {"hash-mismatch", "truncated", "bad-header", "undecodable"}
 
@@ -256,8 +256,8 @@ def test_a_commit_into_a_v1_store_still_makes_the_snapshot_name_durable(
     plans = make_golden.plans_from_json(expected_of(V1 / "clean")["plans"])
     store = castore.Store.open(root)
     synced: list[str] = []
-    real = castore.fsio.fsync_dir
-    monkeypatch.setattr(castore.fsio, "fsync_dir", lambda d: (synced.append(d), real(d))[1])
+    real = castore.medium.fsio.fsync_dir
+    monkeypatch.setattr(castore.medium.fsio, "fsync_dir", lambda d: (synced.append(d), real(d))[1])
     with store.resume("mid-plan", plans["mid-plan"]) as run:
         synced.clear()  # the first commit of a run also syncs HEAD's chain directory
         run.commit_step(next(run.pending()), {"n": 1})

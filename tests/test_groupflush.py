@@ -1,4 +1,4 @@
-"""Group commit (castore/groupflush.py): a lone caller flushes precisely, concurrent callers
+"""Group commit (castore/medium/groupflush.py): a lone caller flushes precisely, concurrent callers
 share one syncfs per round, a failed round fails every member and nobody else."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 import castore
-from castore import fsio, groupflush
 from castore.aio import AsyncStore
 from castore.errors import DurabilityError
-from castore.flushpolicy import FlushPolicy
-from castore.fsck import Severity, check_store
+from castore.maintenance.fsck import Severity, check_store
+from castore.medium import fsio, groupflush
+from castore.medium.flushpolicy import FlushPolicy
 from tests.helpers import wait_for
 
 SHARED = FlushPolicy(True, "ext4", "test: shared")

@@ -11,14 +11,14 @@ import pytest
 from sealing import seal_often  # noqa: F401 - a fixture
 
 import castore
-import castore.outcomes
+import castore.chain.outcomes
 from castore import Plan, Position
-from castore.codec import unframe
-from castore.fastdecode import decode_canonical
-from castore.fsck import check_store
-from castore.history import illegal_changes
-from castore.plans import head_digest, roll_digest
-from castore.records import Grown, Snapshot, Step, TransitionKind
+from castore.format.codec import unframe
+from castore.format.fastdecode import decode_canonical
+from castore.format.history import illegal_changes
+from castore.format.plans import head_digest, roll_digest
+from castore.format.records import Grown, Snapshot, Step, TransitionKind
+from castore.maintenance.fsck import check_store
 
 ARGS = "a" * 64
 SERVICE = castore.Service("payments", idempotent=True, retention=timedelta(hours=1))
@@ -299,7 +299,7 @@ def test_grown_past_the_limit_is_refused(
     store: castore.Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A growing plan past MAX_GROWN_STEPS is PlanTooLongError; nothing is committed."""
-    monkeypatch.setattr(castore.limits, "MAX_GROWN_STEPS", 2)
+    monkeypatch.setattr(castore.format.limits, "MAX_GROWN_STEPS", 2)
     with store.start("t", Plan.grow("agent")) as run:
         run.append("a", 1)
         run.at("b")
@@ -394,15 +394,17 @@ def test_replay_from_the_start_reads_each_pack_a_bounded_number_of_times(
             run.append(f"s{i}", i)
             if run._sealer is not None:
                 run._sealer.drain()
-    monkeypatch.setattr(castore.outcomes, "_CACHED_STEPS", 16)  # two packs' indexes
+    monkeypatch.setattr(castore.chain.outcomes, "_CACHED_STEPS", 16)  # two packs' indexes
     reads: list[str] = []
-    original = castore.outcomes.Outcomes._read
+    original = castore.chain.outcomes.Outcomes._read
 
-    def counted(self: castore.outcomes.Outcomes, pack: castore.outcomes.PackRef) -> object:
+    def counted(
+        self: castore.chain.outcomes.Outcomes, pack: castore.chain.outcomes.PackRef
+    ) -> object:
         reads.append(pack.id)
         return original(self, pack)
 
-    monkeypatch.setattr(castore.outcomes.Outcomes, "_read", counted)
+    monkeypatch.setattr(castore.chain.outcomes.Outcomes, "_read", counted)
     with store.resume("t", plan) as run:
         packs = len(run._outcomes.pack_refs)
         for i in range(80):

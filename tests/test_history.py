@@ -16,9 +16,8 @@ import attrs
 import pytest
 
 import castore
-from castore.fsck import check_store
-from castore.lab.service import ServiceClient, ServiceProcess, applied_counts, start_service
-from castore.records import (
+from castore.chain.refs import TaskSlots
+from castore.format.records import (
     EffectRecord,
     EffectState,
     Frontier,
@@ -26,8 +25,9 @@ from castore.records import (
     Transition,
     TransitionKind,
 )
-from castore.refs import TaskSlots
-from castore.run import RunSettings, encode_snapshot
+from castore.lab.service import ServiceClient, ServiceProcess, applied_counts, start_service
+from castore.maintenance.fsck import check_store
+from castore.run.run import RunSettings, encode_snapshot
 
 S = EffectState
 TASK = "order-9"

@@ -21,8 +21,8 @@ import pytest
 from helpers import tree_snapshot
 
 import castore
-from castore import codec
-from castore.digest import hash_bytes
+from castore.format import codec
+from castore.format.digest import hash_bytes
 
 PLAN = castore.Plan.build("hostile", "a", "b", castore.effect("charge", "b"), "c")
 TASK, OPEN = "t", "u"  # TASK at seq 1; OPEN with its charge SUBMITTED

@@ -1,4 +1,4 @@
-"""A send that may still run keeps its step in flight (castore.inflight): two runs of one task
+"""A send that may still run keeps its step in flight (castore.run.inflight): two runs of one task
 without a lock in one process, a submitter in another process of this host, and how a pid
 reused by a later process is told from the submitter. Each send is held by an event or a pipe
 the test controls, so the order is fixed: no sleeps."""
@@ -20,8 +20,8 @@ import pytest
 from fakeshop import DEADLINE_S, HeldSend, Ledger
 
 import castore
-from castore import inflight
 from castore.aio import AsyncStore
+from castore.run import inflight
 
 TASK = "job"
 PLAN = castore.Plan.build("pay", castore.effect("pay"), "after")

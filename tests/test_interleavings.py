@@ -29,15 +29,16 @@ from interleave import Exploration, Failure, Scheduler, Trace, explore, unexpect
 
 import castore
 import castore.aio
-import castore.fsck
-import castore.inflight
+import castore.maintenance.fsck
+import castore.run.inflight
 import castore.store
-from castore import fsio, sealmark
+from castore.chain import sealmark
+from castore.chain.refs import TaskSlots
+from castore.chain.seal import Sealer
 from castore.errors import CastoreError, ConflictError, StepInFlightError, TaskForgottenError
-from castore.gc import collect
 from castore.lab.service.ledger import Ledger, applied_counts
-from castore.refs import TaskSlots
-from castore.seal import Sealer
+from castore.maintenance.gc import collect
+from castore.medium import fsio
 
 TASK = "job"
 # A lost race, a task forgotten under a writer, a send another run of the process still makes.
@@ -153,10 +154,10 @@ def check_world(
     store = castore.Store.open(world.store.root)
     for task in store.tasks():
         problems += _check_task(store, world, task)
-    summary = castore.fsck.Summary()
+    summary = castore.maintenance.fsck.Summary()
     errors = [
         f"fsck {f.code} {f.path}: {f.message}"
-        for f in castore.fsck.check_store(world.store.root, jobs=1, summary=summary)
+        for f in castore.maintenance.fsck.check_store(world.store.root, jobs=1, summary=summary)
         if f.severity.value == "error"
     ]
     return problems + errors
@@ -203,7 +204,7 @@ class ReplacedMark(sealmark.TaskMarks):
 
 def replace_marks_in_place(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sealmark, "TaskMarks", ReplacedMark)
-    monkeypatch.setattr(castore.refs.sealmark, "TaskMarks", ReplacedMark)
+    monkeypatch.setattr(castore.chain.refs.sealmark, "TaskMarks", ReplacedMark)
 
 
 BROKEN = ("does not verify", "acknowledged commits", "fsck slot-gap")
@@ -654,7 +655,7 @@ def test_self_test_a_retry_that_does_not_wait_for_the_send_pays_twice(
         del self, step_id
 
     monkeypatch.setattr(castore.aio.AsyncRun, "wait_in_flight", no_wait)
-    monkeypatch.setattr(castore.inflight, "refuse", lambda *args, **kwargs: None)
+    monkeypatch.setattr(castore.run.inflight, "refuse", lambda *args, **kwargs: None)
     found = explore(async_cancel(worlds), ASYNC_CANCEL, stop_at_first=True)
     assert any("more than once" in p for f in found.failures for p in f.problems), report(found)
 

@@ -19,8 +19,8 @@ import pytest
 from helpers import cli, flip_bit, rewrite
 
 import castore
-from castore import fsio
 from castore.errors import CommitUncertainError, DurabilityError, StoreIOError
+from castore.medium import fsio
 
 PLAN = castore.Plan.build("io", "a", "b")
 TASK = "io/1"
@@ -176,7 +176,7 @@ def test_fsync_dir_reports_an_error_of_close(
 ) -> None:
     """A close() error after a directory fsync (NFS reports deferred errors there) is a
     DurabilityError naming the directory, not a raw OSError."""
-    monkeypatch.setattr(fsio, "os", OsWith(close=close_then_eio))  # castore.fsio's only
+    monkeypatch.setattr(fsio, "os", OsWith(close=close_then_eio))  # castore.medium.fsio's only
     with pytest.raises(DurabilityError) as caught:
         fsio.fsync_dir(str(tmp_path))
     assert (str(tmp_path), errno.EIO) == (caught.value.path, caught.value.errno)

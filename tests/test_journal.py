@@ -1,4 +1,4 @@
-"""Journaled calls (castore.journal): a call runs once, its result is recorded, a replay
+"""Journaled calls (castore.run.journal): a call runs once, its result is recorded, a replay
 returns the recording without calling again; the payload rules apply to the result."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 import castore
-from castore import protocol
 from castore.errors import EncodingError, ReplayDriftError, SecretInPayloadError, UsageError
-from castore.journal import INLINE_RESULT_BYTES, args_digest
+from castore.run import protocol
+from castore.run.journal import INLINE_RESULT_BYTES, args_digest
 
 TASK = "agent-1"
 PLAN = castore.Plan.build("agent", "think", "answer", castore.effect("send", "answer"))

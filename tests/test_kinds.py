@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 import castore
-from castore import codec
-from castore.trees import MAX_TREE_DEPTH, height
+from castore.chain.trees import MAX_TREE_DEPTH, height
+from castore.format import codec
 
 PLAN = castore.Plan.build("kinds", "a", "b", "c")
 

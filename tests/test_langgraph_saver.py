@@ -75,7 +75,7 @@ def build_graph(saver: CastoreSaver) -> Any:
 def test_import_castore_does_not_load_langgraph() -> None:
     """`import castore` loads neither castore.langgraph nor LangGraph/LangChain."""
     code = (
-        "import sys, castore, castore.store, castore.run; "
+        "import sys, castore, castore.store, castore.run.run; "
         "print(sorted(m for m in sys.modules if m.startswith(('castore.langgraph', "
         "'langgraph', 'langchain'))))"
     )
@@ -133,7 +133,7 @@ def test_a_growing_conversation_costs_its_new_messages(tmp_path: Path) -> None:
 
 
 def raw_objects(root: Path) -> int:
-    """How many raw objects (castore.trees: kind `raw`) the store holds."""
+    """How many raw objects (castore.chain.trees: kind `raw`) the store holds."""
     return sum(
         1
         for path in (root / "objects").rglob("*")

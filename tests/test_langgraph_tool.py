@@ -23,7 +23,6 @@ import pytest
 pytest.importorskip("langgraph")
 
 import castore
-from castore.alerts import Alert
 from castore.cli import EXIT_UNKNOWN_OUTCOME
 from castore.langgraph import UnsafeDurabilityError, durable_tool
 from castore.langgraph.agentlab import PayingModel, build_agent
@@ -42,6 +41,7 @@ from castore.langgraph.deps import (
 )
 from castore.langgraph.tool import call_task_id
 from castore.watch import Watcher
+from castore.watch.alerts import Alert
 from tests.helpers import cli
 
 THREAD = {"configurable": {"thread_id": "t-1"}}

@@ -1,4 +1,4 @@
-"""Path arithmetic (castore.layout): task id names, object id validation, slot names."""
+"""Path arithmetic (castore.format.layout): task id names, object id validation, slot names."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import castore
-from castore import layout
-from castore.alerts import Alert
 from castore.cli.watch import alert_line
-from castore.layout import Layout, decode_task_id, encode_task_id, validate_object_id
+from castore.format import layout
+from castore.format.layout import Layout, decode_task_id, encode_task_id, validate_object_id
+from castore.watch.alerts import Alert
 
 NAME_SHAPE = re.compile(r"^[a-z0-9_%A-F-]+$")
 NAME_MAX = 255  # bytes in one path component on ext4, xfs, btrfs, tmpfs

@@ -15,11 +15,12 @@ import pytest
 from helpers import cli
 
 import castore
-from castore import codec, fastdecode, fsio, limits
-from castore.digest import hash_bytes
 from castore.errors import OversizedFileError
-from castore.fsck import Severity, check_store
-from castore.gc import collect
+from castore.format import codec, fastdecode, limits
+from castore.format.digest import hash_bytes
+from castore.maintenance.fsck import Severity, check_store
+from castore.maintenance.gc import collect
+from castore.medium import fsio
 
 PLAN = castore.Plan.build("limits", "a", "b")
 HUGE = 8 << 30  # 8 GiB, sparse: no disk space, and never read

@@ -14,9 +14,9 @@ from helpers import cli, tree_snapshot
 from sealing import plan_of, seal_often
 
 import castore
-import castore.gc
-from castore.fsck import Finding, Severity, check_store
-from castore.seal import seal_task
+import castore.maintenance.gc
+from castore.chain.seal import seal_task
+from castore.maintenance.fsck import Finding, Severity, check_store
 from castore.watch import Watcher
 
 TASK = "lost/1"
@@ -47,7 +47,7 @@ def lose_names(store: castore.Store, seqs: tuple[int, ...], task: str = TASK) ->
     lost = []
     slots = store._slots(task)
     for seq in seqs:
-        object_id = castore.digest.hash_bytes(slots.read(seq))
+        object_id = castore.format.digest.hash_bytes(slots.read(seq))
         os.unlink(store.objects.path(object_id))
         lost.append(os.path.relpath(store.objects.path(object_id), store.root))
     return lost
@@ -56,7 +56,7 @@ def lose_names(store: castore.Store, seqs: tuple[int, ...], task: str = TASK) ->
 def findings(store: castore.Store) -> tuple[list[Finding], int]:
     """fsck's findings (it must change nothing) and its exit status."""
     before = tree_snapshot(store.root)
-    summary = castore.fsck.Summary()
+    summary = castore.maintenance.fsck.Summary()
     found = list(check_store(store.root, jobs=1, summary=summary))
     assert before == tree_snapshot(store.root), "fsck changed the store"
     return found, summary.exit_status
@@ -64,7 +64,7 @@ def findings(store: castore.Store) -> tuple[list[Finding], int]:
 
 def named_again(store: castore.Store, seq: int) -> bool:
     """True if slot `seq` and its snapshot's object name are one file again."""
-    object_id = castore.digest.hash_bytes(store._slots(TASK).read(seq))
+    object_id = castore.format.digest.hash_bytes(store._slots(TASK).read(seq))
     path = store.objects.path(object_id)
     return os.path.lexists(path) and os.path.samestat(
         os.lstat(path), os.lstat(slot_path(store, seq))
@@ -145,7 +145,7 @@ def test_fsck_keeps_slot_not_published_an_error_in_v1(tmp_path: Path, which: str
     expected = [("slot-not-published", Severity.ERROR, seq) for seq in LOSSES[which]]
     assert expected == [(f.code, f.severity, int(f.path[-16:])) for f in found]
     assert 1 == status
-    assert [] == castore.gc.collect(store.root).names_restored
+    assert [] == castore.maintenance.gc.collect(store.root).names_restored
     assert head_id == store.verify(TASK).head_id
 
 
@@ -155,14 +155,14 @@ def test_gc_restores_lost_names_and_fsck_is_clean_after(tmp_path: Path, which: s
     says so; fsck then finds nothing."""
     store = make_store(tmp_path / "s", 2)
     lost = lose_names(store, LOSSES[which])
-    dry = castore.gc.collect(store.root, dry_run=True)
+    dry = castore.maintenance.gc.collect(store.root, dry_run=True)
     assert (sorted(lost), []) == (sorted(dry.names_restored), dry.removed)
     assert not any(named_again(store, seq) for seq in LOSSES[which])
-    report = castore.gc.collect(store.root)
+    report = castore.maintenance.gc.collect(store.root)
     assert (sorted(lost), []) == (sorted(report.names_restored), report.removed)
     assert all(named_again(store, seq) for seq in LOSSES[which])
     assert ([], 0) == findings(store)
-    assert [] == castore.gc.collect(store.root).names_restored
+    assert [] == castore.maintenance.gc.collect(store.root).names_restored
 
 
 def test_a_slot_whose_bytes_changed_is_still_damage(tmp_path: Path) -> None:
@@ -199,7 +199,7 @@ def test_seal_prune_fork_status_watch_and_brief_work_with_lost_names(tmp_path: P
     assert None is store.status(TASK).error
     assert None is store.status(TASK, verify=True).error
     assert "s6" in store.brief(TASK).text
-    alerts: list[castore.alerts.Alert] = []
+    alerts: list[castore.watch.alerts.Alert] = []
     with Watcher(store.root, alerts.append, rescan_every=3600.0, stuck_after=3600.0) as watcher:
         watcher.check_now()
     assert [] == [a for a in alerts if a.kind == "chain"]

@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 
 import castore
-from castore import codec, packs
-from castore.digest import hash_bytes
+from castore.chain import packs
 from castore.errors import ChainError, ObjectCorruptError
-from castore.records import Plan
+from castore.format import codec
+from castore.format.digest import hash_bytes
+from castore.format.records import Plan
 
 
 def chain_bytes(store: castore.Store, steps: int, task: str = "t") -> list[bytes]:

@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from castore import codec, plans
-from castore.digest import hash_bytes
 from castore.errors import EncodingError
-from castore.records import Plan, Step
+from castore.format import codec, plans
+from castore.format.digest import hash_bytes
+from castore.format.records import Plan, Step
 
 step_ids = st.text(min_size=1, max_size=12)
 

@@ -34,7 +34,7 @@
    otherwise the marker is whole, every final-named object re-hashes to its name, every task
    with slot 0 verifies (`store.history`), each slot holds the snapshot the walk reached at
    its sequence, every blob a snapshot names exists; every acknowledged commit / blob / init
-   before the crash point survives; and `castore.fsck.check_store` reports no error.
+   before the crash point survives; and `castore.maintenance.fsck.check_store` reports no error.
 
 4. **Self-tests**: the same recording and checker with the directory fsync removed
    (`fsio.fsync_dir` a no-op), with only the chain directory's fsync removed, and with the
@@ -61,12 +61,10 @@ from typing import Any
 import pytest
 
 import castore
-from castore import fsio, groupflush
-from castore.digest import hash_bytes
+from castore.chain.refs import TaskSlots
 from castore.errors import CastoreError
-from castore.flushpolicy import FlushPolicy
-from castore.fsck import Severity, check_store
-from castore.layout import (
+from castore.format.digest import hash_bytes
+from castore.format.layout import (
     CHAIN_DIR,
     MARKER_NAME,
     OBJECTS_DIR,
@@ -75,7 +73,9 @@ from castore.layout import (
     is_object_name,
     parse_slot_name,
 )
-from castore.refs import TaskSlots
+from castore.maintenance.fsck import Severity, check_store
+from castore.medium import fsio, groupflush
+from castore.medium.flushpolicy import FlushPolicy
 
 STORE = "store"  # the store's directory name inside the recorded base directory
 TASKS = ("job-a", "job-b")
@@ -166,7 +166,7 @@ _REAL = {
 class Recorder:
     """Wraps the `os` functions castore writes through; records what touches the base dir.
 
-    Patching the `os` module itself (not only `castore.fsio.os`) also catches the fan-out
+    Patching the `os` module itself (not only `castore.medium.fsio.os`) also catches the fan-out
     mkdirs in `Store.init` and anything castore may add outside fsio later.
     """
 

@@ -24,9 +24,9 @@ from test_power_loss import STORE, Op, Verdict
 from test_power_loss_gc import assert_clean, run_exploration
 
 import castore
+from castore.chain.sealmark import started_by_mark
 from castore.errors import CastoreError, TaskForgottenError
-from castore.gc import collect
-from castore.sealmark import started_by_mark
+from castore.maintenance.gc import collect
 
 PLAN = castore.Plan.build("plf", "a", "b", "c")
 BLOB = {"carried": "x" * 40}
@@ -70,12 +70,12 @@ def check(base: Path) -> Verdict:
     marked = {task for task in tasks if started_by_mark(store.layout.task_dir(task))}
     if marked - set(verdict.forgotten):
         verdict.problems.append(f"{sorted(marked)}: a sealed mark but no tombstone above it")
-    for finding in castore.fsck.check_store(root, jobs=1):
+    for finding in castore.maintenance.fsck.check_store(root, jobs=1):
         # fsck does not know a reclaimed task yet (the fsck package adds it): its pruned slots,
         # and those a prune cut short left below the mark (their objects unlinked first).
         if finding.task in marked and finding.code in _BELOW_THE_MARK:
             continue
-        if finding.severity is castore.fsck.Severity.ERROR:
+        if finding.severity is castore.maintenance.fsck.Severity.ERROR:
             verdict.fsck_errors.append(f"{finding.code} {finding.path}: {finding.message}")
     return verdict
 

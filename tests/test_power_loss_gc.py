@@ -32,13 +32,14 @@ import test_power_loss as pl
 from test_power_loss import STORE, Exploration, Op, Recorder, Verdict, explore, scratch_dir
 
 import castore
-import castore.fsck.quarantine as quarantine_module
-import castore.gc
-from castore import crashpoints, fsio
-from castore.fsck import Finding, check_store
-from castore.fsck.quarantine import quarantine
-from castore.gc import collect
-from castore.layout import MARKER_NAME, object_relpath
+import castore.maintenance.fsck.quarantine as quarantine_module
+import castore.maintenance.gc
+from castore import crashpoints
+from castore.format.layout import MARKER_NAME, object_relpath
+from castore.maintenance.fsck import Finding, check_store
+from castore.maintenance.fsck.quarantine import quarantine
+from castore.maintenance.gc import collect
+from castore.medium import fsio
 
 PLAN = castore.Plan.build("plgc", "a", "b", "c")
 
@@ -146,7 +147,7 @@ def quarantine_workload(base: Path, ops: list[Op]) -> None:
 # -- the checker: as test_power_loss's, and "whole after the next gc" for gc's temp names ----------
 
 BAD = b"castore 1 widget 2\n{}"  # the damaged object the quarantine workload plants
-BAD_ID = castore.digest.hash_bytes(BAD)
+BAD_ID = castore.format.digest.hash_bytes(BAD)
 CHECK_STATE = pl.check_state  # explore() calls pl.check_state: these tests put theirs there
 HEALED: list[str] = []  # states that were whole only after the next gc
 
@@ -266,7 +267,7 @@ def test_self_test_without_gcs_fsync_before_the_unlink_an_acked_blob_is_lost(
 ) -> None:
     """gc's fsync of the set-aside names before it unlinks the objects' own names removed: a
     crash state loses a blob an acknowledged commit names, beyond what the next gc heals."""
-    monkeypatch.setattr(castore.gc, "_sync_second_names", lambda directories: None)
+    monkeypatch.setattr(castore.maintenance.gc, "_sync_second_names", lambda directories: None)
     result = run_exploration(tmp_path, gc_workload, monkeypatch, stop=True)
     assert result.invariant or result.acks, f"no failure found: {result.summary()}"
     print(f"self-test caught: {(result.invariant + result.acks)[0]}")

@@ -46,7 +46,7 @@ from test_power_loss import _remove as remove_trees
 
 import castore
 from castore import Action, EffectState
-from castore.layout import CHAIN_DIR, TASKS_DIR, parse_temp_name
+from castore.format.layout import CHAIN_DIR, TASKS_DIR, parse_temp_name
 
 PLAN = castore.Plan.build(
     "protocol", castore.effect("pay"), castore.effect("ship", "pay"), castore.Step("report")
@@ -388,7 +388,7 @@ def test_self_test_a_reconcile_that_never_finds_sends_twice_and_is_caught(
     """The checker fails when the protocol is broken: with every lookup answering "not found"
     (after the recording), some crash state resubmits an applied effect."""
     ops, world = record_protocol(tmp_path / "base")
-    monkeypatch.setattr(castore.protocol, "_ask", lambda service, key: castore.NOT_FOUND)
+    monkeypatch.setattr(castore.run.protocol, "_ask", lambda service, key: castore.NOT_FOUND)
     (tmp_path / "states").mkdir()
     with scratch_dir(tmp_path / "states") as scratch:
         judged = explore_protocol(ops, world, scratch, stop_at_first=True)

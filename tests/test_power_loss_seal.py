@@ -21,17 +21,17 @@ import test_power_loss as pl
 from test_power_loss import STORE, Exploration, Op, Recorder, Verdict, explore, scratch_dir
 
 import castore
-import castore.seal
+import castore.chain.seal
 import castore.store
+from castore.chain.sealmark import started_by_mark
 from castore.errors import CastoreError
-from castore.layout import CHAIN_DIR, TASKS_DIR, decode_task_id
-from castore.records import Sealed
-from castore.sealmark import started_by_mark
+from castore.format.layout import CHAIN_DIR, TASKS_DIR, decode_task_id
+from castore.format.records import Sealed
 
 PLAN = castore.Plan.build("plseal", *(f"s{i}" for i in range(7)))
 EVERY = 4
-# fsck learns packs and marks from the kinds helper's branch (castore/references.py with it).
-FSCK_KNOWS_PACKS = importlib.util.find_spec("castore.references") is not None
+# fsck learns packs and marks from the kinds helper's branch (castore/chain/references.py with it).
+FSCK_KNOWS_PACKS = importlib.util.find_spec("castore.chain.references") is not None
 
 
 def seal_workload(base: Path, ops: list[Op]) -> None:
@@ -123,17 +123,20 @@ def test_self_test_pruning_before_a_commit_names_the_pack_is_caught(
     """A sealer that writes the mark and prunes right after publishing its pack (before the
     commit naming it is durable): some crash state has slots pruned below a HEAD that does
     not name the pack, which the checker must report."""
-    real_build = castore.seal.Sealer._build
+    real_build = castore.chain.seal.Sealer._build
 
     def eager(
-        self: castore.seal.Sealer, chunk: list[bytes], anchor: Sealed | None, parent: bytes | None
+        self: castore.chain.seal.Sealer,
+        chunk: list[bytes],
+        anchor: Sealed | None,
+        parent: bytes | None,
     ) -> None:
         real_build(self, chunk, anchor, parent)
         ready = self._ready
         assert ready is not None
-        castore.seal.prune(self._slots, ready)  # the protocol's order broken on purpose
+        castore.chain.seal.prune(self._slots, ready)  # the protocol's order broken on purpose
 
-    monkeypatch.setattr(castore.seal.Sealer, "_build", eager)
+    monkeypatch.setattr(castore.chain.seal.Sealer, "_build", eager)
     try:
         result = run_exploration(tmp_path, monkeypatch, stop=True)
     except CastoreError as exc:  # the workload itself may already trip over the damage

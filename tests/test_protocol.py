@@ -25,7 +25,7 @@ from helpers import tree_snapshot
 
 import castore
 from castore import Action, EffectState
-from castore.effects import ALLOWED, CLOCK_TOLERANCE_MS, check_transition
+from castore.format.effects import ALLOWED, CLOCK_TOLERANCE_MS, check_transition
 from castore.lab.service import (
     ServiceClient,
     ServiceError,

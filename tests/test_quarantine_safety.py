@@ -11,9 +11,9 @@ import pytest
 from helpers import cli, rewrite, tree_snapshot
 
 import castore
-import castore.fsck.quarantine as quarantine_module
-from castore.fsck import Finding, Severity, check_store
-from castore.fsck.quarantine import quarantine
+import castore.maintenance.fsck.quarantine as quarantine_module
+from castore.maintenance.fsck import Finding, Severity, check_store
+from castore.maintenance.fsck.quarantine import quarantine
 
 PLAN = castore.Plan.build("q", "a")
 VALUE = {"rows": list(range(20))}

@@ -16,14 +16,14 @@ from test_watch import Alerts
 
 import castore
 import castore.store
+from castore.chain.refs import TaskSlots
 from castore.errors import ForkError, TaskForgottenError
-from castore.gc import collect
-from castore.plans import plan_id
-from castore.refs import TaskSlots
+from castore.format.plans import plan_id
+from castore.maintenance.gc import collect
 from castore.watch import Watcher
 
 PLAN = castore.Plan.build("job", "a", "b", "c")
-GC = "import sys, castore.gc; castore.gc.collect(sys.argv[1], grace_s=0)"
+GC = "import sys, castore.maintenance.gc; castore.maintenance.gc.collect(sys.argv[1], grace_s=0)"
 
 
 def forgotten_task(store: castore.Store, task: str = "t") -> tuple[str, int]:
@@ -267,10 +267,10 @@ def test_gc_keeps_the_plan_a_tombstone_names(
     assert ["t"] == collect(store.root, grace_s=0).reclaimed
     assert [done.seq] == present(store, "t")
     assert Path(store.objects.path(plan_id(plan))).exists()
-    summary = castore.fsck.Summary()
+    summary = castore.maintenance.fsck.Summary()
     errors = [
         f"{f.code} {f.path}"
-        for f in castore.fsck.check_store(store.root, jobs=1, summary=summary)
+        for f in castore.maintenance.fsck.check_store(store.root, jobs=1, summary=summary)
         if f.severity.value == "error"
     ]
     assert ([], 0) == (errors, summary.exit_status)

@@ -11,8 +11,8 @@ import pytest
 from helpers import cli
 
 import castore
-from castore.effects import CLOCK_TOLERANCE_MS
-from castore.gc import collect
+from castore.format.effects import CLOCK_TOLERANCE_MS
+from castore.maintenance.gc import collect
 
 PLAN = castore.Plan.build("job", "a", "b")
 DAY_MS = 86_400_000

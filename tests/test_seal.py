@@ -12,12 +12,12 @@ from helpers import flip_bit, rewrite
 from sealing import EVERY, framed_history, plan_of, rechain, run_steps, seal_often, v2_store
 
 import castore
-from castore import packs
-from castore.digest import hash_bytes
+from castore.chain import packs
+from castore.chain.seal import seal_task
+from castore.chain.verify import extend_head, verified_head, verify_head
 from castore.errors import ChainError
-from castore.records import Sealed, TransitionKind
-from castore.seal import seal_task
-from castore.verify import extend_head, verified_head, verify_head
+from castore.format.digest import hash_bytes
+from castore.format.records import Sealed, TransitionKind
 
 pytestmark = pytest.mark.usefixtures(seal_often.__name__)
 TASK = "long"

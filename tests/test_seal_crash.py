@@ -13,7 +13,7 @@ from sealing import plan_of, v2_store
 
 import castore
 from castore import crashpoints
-from castore.layout import parse_slot_name
+from castore.format.layout import parse_slot_name
 
 TASK = "sealing"
 STEPS = 40
@@ -100,7 +100,7 @@ def test_a_kill_at_each_seal_point_leaves_a_chain_the_next_run_finishes(
     assert 0 == rest.returncode, errors
     final = store.verify(TASK)
     assert acknowledged == {seq: history_ids(store)[seq] for seq in acknowledged}
-    assert castore.records.TransitionKind.SEAL == final.head.transition.kind
+    assert castore.format.records.TransitionKind.SEAL == final.head.transition.kind
     assert final.head.sealed is not None
     assert [final.head.seq] == slots_present(store)
     mark = store._slots(TASK).mark()

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import castore
 import castore.store
-from castore.records import Plan
+from castore.format.records import Plan
 
 PAY = castore.Service("pay", idempotent=True, retention=3600)
 

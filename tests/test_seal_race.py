@@ -14,12 +14,12 @@ from helpers import wait_for
 from sealing import EVERY, plan_of, seal_often, v2_store
 
 import castore
-import castore.verify as verify_module
+import castore.chain.verify as verify_module
+from castore.chain.objects import ObjectStore
+from castore.chain.refs import TaskSlots
+from castore.chain.verify import verify_chain
 from castore.errors import ChainError, ConflictError
-from castore.layout import parse_slot_name
-from castore.objects import ObjectStore
-from castore.refs import TaskSlots
-from castore.verify import verify_chain
+from castore.format.layout import parse_slot_name
 
 pytestmark = pytest.mark.usefixtures(seal_often.__name__)
 TASK = "raced"

@@ -13,12 +13,12 @@ import pytest
 from helpers import wait_stopped
 
 import castore
-from castore import refs
+from castore.chain import refs
+from castore.chain.refs import TaskSlots
+from castore.chain.sealmark import Mark
 from castore.cli.history import read_slots
 from castore.errors import ChainError, ConflictError
-from castore.layout import LEGACY_MARK_NAME, slot_name
-from castore.refs import TaskSlots
-from castore.sealmark import Mark
+from castore.format.layout import LEGACY_MARK_NAME, slot_name
 
 TASK = "long"
 FAKE_PACK = "ab" * 32  # the mark is only read here; no pack is verified
@@ -150,17 +150,17 @@ def test_head_lookup_starts_above_the_mark_after_pruning(tmp_path: Path) -> None
     assert [TASK] == store.tasks()
     status = store.status(TASK)
     assert (40, None) == (status.seq, status.error)
-    assert 40 == castore.verify.verify_head(slots).head.seq
+    assert 40 == castore.chain.verify.verify_head(slots).head.seq
 
 
 def test_pruning_removes_the_snapshot_objects_too(tmp_path: Path) -> None:
     """A pruned slot's snapshot object goes with it: a sealed task costs no inode per step."""
     store = store_with(tmp_path, 12)
     slots = slots_of(store)
-    ids = [castore.digest.hash_bytes(slots.read(seq)) for seq in range(6)]
+    ids = [castore.format.digest.hash_bytes(slots.read(seq)) for seq in range(6)]
     mark_and_prune(store, 5)
     assert [False] * 6 == [store.objects.exists(object_id) for object_id in ids]
-    assert store.objects.exists(castore.digest.hash_bytes(slots.read(6)))
+    assert store.objects.exists(castore.format.digest.hash_bytes(slots.read(6)))
 
 
 def test_pruning_refuses_a_range_the_mark_does_not_cover(tmp_path: Path) -> None:
@@ -176,7 +176,7 @@ def test_a_commit_that_links_into_a_pruned_range_loses(tmp_path: Path) -> None:
     takes the slot back and raises ConflictError: no acknowledged commit outside the chain."""
     store = store_with(tmp_path, 20)
     slots = slots_of(store)
-    stale_parent = castore.digest.hash_bytes(slots.read(6))
+    stale_parent = castore.format.digest.hash_bytes(slots.read(6))
     stale_bytes = slots.read(7)  # any snapshot bytes: the link itself is what is judged
     mark_and_prune(store, 9)
     with pytest.raises(ConflictError, match="sequence 7"):

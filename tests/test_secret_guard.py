@@ -1,5 +1,5 @@
-"""The secret guard (castore.guard) as a table: credential shapes a real agent carries, refused
-wherever they appear (values, lists, dict keys at any depth, task ids, environment anchors),
+"""The secret guard (castore.format.guard) as a table: credential shapes a real agent carries,
+refused wherever they appear (values, lists, dict keys at any depth, task ids, environment anchors),
 and the look-alikes it must let through. Each refusal leaves the store byte-identical.
 
 Every token is assembled from parts at run time, so this file does not trip secret scanners.
@@ -15,7 +15,7 @@ import pytest
 from helpers import tree_snapshot
 
 import castore
-from castore import guard
+from castore.format import guard
 
 TASK = "agent-1"
 PLAN = castore.Plan.build("agent", "think", "report")

@@ -41,7 +41,7 @@ from test_gc import race_gc_against_writer
 from twomounts import TwoMounts
 
 import castore
-import castore.gc
+import castore.maintenance.gc
 from castore.cli import main
 from castore.lab.campaign import Settings, campaign
 from castore.lab.service import read_ledger

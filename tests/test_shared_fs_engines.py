@@ -18,11 +18,12 @@ from test_gc import age, obj
 from twomounts import TwoMounts
 
 import castore
-import castore.gc
-from castore import doctor, fsio
+import castore.maintenance.gc
+from castore import doctor
 from castore.cli import main
 from castore.doctor import races, run_doctor
-from castore.gc import collect
+from castore.maintenance.gc import collect
+from castore.medium import fsio
 
 STALE_BOUND_S = 2.0  # Gluster's default md-cache / FUSE timeouts are 1 s; CephFS blocks instead
 
@@ -148,7 +149,7 @@ def _put_while_gc_sets_aside(
     age(obj(gc_side, object_id), 30)
     object_path = gc_side.objects.path(object_id)
     fanout = os.path.dirname(object_path)
-    real_remove, real_old_size = fsio.remove_if_present, castore.gc._old_size
+    real_remove, real_old_size = fsio.remove_if_present, castore.maintenance.gc._old_size
     put_once: list[str] = []
 
     def old_size(path: str, cutoff: float) -> int | None:
@@ -164,7 +165,7 @@ def _put_while_gc_sets_aside(
         real_remove(path)
 
     with monkeypatch.context() as patch:
-        patch.setattr(castore.gc, "_old_size", old_size)
+        patch.setattr(castore.maintenance.gc, "_old_size", old_size)
         patch.setattr(fsio, "remove_if_present", remove)
         collect(gc_side.root, grace_s=3600)
     assert put_once, "gc did not set the object aside"

@@ -22,7 +22,7 @@ from test_quarantine_safety import VALUE, damaged_blob, store_again_intact
 from test_store_creation import CTX, DEADLINE, ROUNDS, _create_in_rounds, errors_of
 
 import castore
-from castore.fsck.quarantine import quarantine
+from castore.maintenance.fsck.quarantine import quarantine
 
 pytestmark = pytest.mark.sshfs
 

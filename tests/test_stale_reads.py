@@ -1,4 +1,5 @@
-"""Stale reads on a shared filesystem (FORMAT.md 11.5), injected into the `os` castore.fsio calls.
+"""Stale reads on a shared filesystem (FORMAT.md 11.5), injected into the `os` that
+castore.medium.fsio calls.
 
 A client of a network filesystem may serve a file's bytes from a cache that predates another
 client's write (FUSE's page cache; GlusterFS with its default caches serves a file just
@@ -17,18 +18,18 @@ from typing import Any
 import pytest
 
 import castore
-from castore import fsio
 from castore.cli import main
-from castore.digest import hash_bytes
-from castore.fsck import Severity, check_store
+from castore.format.digest import hash_bytes
+from castore.maintenance.fsck import Severity, check_store
+from castore.medium import fsio
 
 PLAN = castore.Plan.build("stale", "a", "b", "c")
 TASK = "stale/1"
 
 
 class StaleOS:
-    """The `os` of castore.fsio, serving the first `stale_opens` opens of a target (a path, or
-    a name opened in a directory descriptor) stale: reads of such a descriptor return `stale`
+    """The `os` of castore.medium.fsio, serving the first `stale_opens` opens of a target (a
+    path, or a name opened in a directory descriptor) stale: reads of such a descriptor return `stale`
     (then end of file) instead of the file's bytes, or the open fails with `err`. Counts the
     opens of the targets."""
 

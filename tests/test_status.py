@@ -14,10 +14,10 @@ import pytest
 from helpers import cli, flip_bit, rewrite
 
 import castore
+from castore.chain.objects import ObjectStore
+from castore.chain.refs import TaskSlots
+from castore.chain.verify import extend_head, verified_head
 from castore.errors import ChainError
-from castore.objects import ObjectStore
-from castore.refs import TaskSlots
-from castore.verify import extend_head, verified_head
 
 PLAN = castore.Plan.build("plain", *(f"s{i}" for i in range(8)))
 TASK = "long-1"

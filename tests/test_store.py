@@ -11,7 +11,7 @@ import pytest
 from helpers import tree_snapshot
 
 import castore
-from castore.layout import encode_task_id
+from castore.format.layout import encode_task_id
 
 PLAN = castore.Plan.build("demo", "fetch", "summarize", "publish")
 TASK = "invoice/42"

@@ -20,7 +20,7 @@ from helpers import cli, read_line, tree_snapshot
 
 import castore
 from castore import crashpoints
-from castore.fsck import Severity, check_store
+from castore.maintenance.fsck import Severity, check_store
 
 DEADLINE = 60.0
 KILLS = int(os.environ.get("CASTORE_INIT_KILLS", "25"))

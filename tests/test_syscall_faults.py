@@ -1,6 +1,6 @@
 """Faults on the real system calls castore makes, injected by strace into a child process.
 
-tests/test_faults.py fails calls inside castore.fsio (exact, in-process); this file fails the
+tests/test_faults.py fails calls inside castore.medium.fsio (exact, in-process); this file fails the
 calls themselves, whichever code makes them: filelock's open, os.listdir's getdents64, gc's
 rename, a read of the marker, a close. Each case runs one CLI verb or one library path
 under `strace -e inject=SYSCALL:error=ERRNO:when=N`, where N is chosen from a first, traced
@@ -30,9 +30,9 @@ import pytest
 from test_faults import strace_or_skip
 
 import castore
-from castore import codec
-from castore.fsck import Severity, check_store
-from castore.layout import encode_task_id
+from castore.format import codec
+from castore.format.layout import encode_task_id
+from castore.maintenance.fsck import Severity, check_store
 
 PLAN = castore.Plan.build("sys", "a", "b", castore.effect("charge", "b"), "c")
 # Tasks of the template store and how far each got: the floor no fault may lower.

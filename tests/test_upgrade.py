@@ -17,9 +17,9 @@ from helpers import cli, read_line, tree_snapshot
 from test_golden import V1, expected_of, make_golden, materialize
 
 import castore
-import castore.upgrade
+import castore.maintenance.upgrade
 from castore import crashpoints
-from castore.upgrade import TARGET_VERSION, upgrade
+from castore.maintenance.upgrade import TARGET_VERSION, upgrade
 
 V1_MARKER = b'{"format":"castore","version":1}\n'
 V2_MARKER = b'{"format":"castore","version":2}\n'
@@ -208,14 +208,14 @@ def test_a_kill_at_each_step_leaves_a_store_a_rerun_finishes(point: str, tmp_pat
 
 
 def _fsck_exit(root: Path) -> int:
-    summary = castore.fsck.Summary()
-    list(castore.fsck.check_store(root, jobs=1, summary=summary))
+    summary = castore.maintenance.fsck.Summary()
+    list(castore.maintenance.fsck.check_store(root, jobs=1, summary=summary))
     return summary.exit_status
 
 
 @pytest.mark.skipif(
-    importlib.util.find_spec("castore.seal") is None,
-    reason="castore.seal is not in this castore yet: upgrade seals nothing",
+    importlib.util.find_spec("castore.chain.seal") is None,
+    reason="castore.chain.seal is not in this castore yet: upgrade seals nothing",
 )
 def test_a_kill_between_two_seals_is_finished_by_a_rerun(tmp_path: Path) -> None:
     """SIGKILL after the first task's seal: a rerun seals the rest and every task resumes."""
@@ -294,8 +294,10 @@ def test_an_error_only_one_check_sees_is_a_race_not_damage(
     """An error the second check does not find again (a writer's commit racing the first)
     does not refuse the upgrade; one that both checks find does."""
     root = _clean(tmp_path)
-    real = castore.upgrade.check_store
-    race = castore.fsck.Finding("slot-not-published", "tasks/busy/chain/0000000000000047", "x")
+    real = castore.maintenance.upgrade.check_store
+    race = castore.maintenance.fsck.Finding(
+        "slot-not-published", "tasks/busy/chain/0000000000000047", "x"
+    )
     passes: list[int] = []
 
     def first_pass_only(*args: Any, **kwargs: Any) -> Any:
@@ -304,7 +306,7 @@ def test_an_error_only_one_check_sees_is_a_race_not_damage(
         if len(passes) == 1:
             yield race
 
-    monkeypatch.setattr(castore.upgrade, "check_store", first_pass_only)
+    monkeypatch.setattr(castore.maintenance.upgrade, "check_store", first_pass_only)
     report = upgrade(root, dry_run=True)
     assert (2, False, ()) == (len(passes), report.refused, report.errors)
 
@@ -312,7 +314,7 @@ def test_an_error_only_one_check_sees_is_a_race_not_damage(
         yield from real(*args, **kwargs)
         yield race
 
-    monkeypatch.setattr(castore.upgrade, "check_store", every_pass)
+    monkeypatch.setattr(castore.maintenance.upgrade, "check_store", every_pass)
     report = upgrade(root, dry_run=True)
     assert (True, (race,)) == (report.refused, report.errors)
 

@@ -23,12 +23,12 @@ import pytest
 from helpers import rewrite, wait_for
 
 import castore
-from castore.alerts import Alert
+from castore.chain.objects import ObjectStore
+from castore.chain.refs import TaskSlots
 from castore.cli import main, parse_duration
 from castore.cli.watch import alert_line
-from castore.objects import ObjectStore
-from castore.refs import TaskSlots
 from castore.watch import Watcher
+from castore.watch.alerts import Alert
 
 # watchdog's inotify observer warns when it adds a new directory's watch twice; harmless.
 pytestmark = pytest.mark.filterwarnings("ignore:Callback with id:RuntimeWarning")
@@ -289,7 +289,7 @@ def test_a_failing_callback_is_logged_and_watching_goes_on(
 
 
 def test_import_castore_does_not_import_watchdog() -> None:
-    """Only castore.observer (for castore.watch) imports watchdog; the library and the CLI
+    """Only castore.watch.observer (for castore.watch) imports watchdog; the library and the CLI
     parser do not."""
     code = (
         "import sys, castore, castore.cli; castore.cli.build_parser(); "

@@ -32,7 +32,7 @@ way (syscalls_nofutex_per_commit without futex, which lock waits make noisy);
 agents8_fsyncs_per_commit likewise with 8 threads committing at once (strace slows every
 syscall, so a group commit's rounds batch differently than in the timed run). The children
 inherit the environment, CASTORE_FLUSH included. flush_mode is the store's flush policy
-(castore.flushpolicy: shared or fsync, and its reason), or "fsync" where that module does not
+(castore.medium.flushpolicy: shared or fsync, and its reason), or "fsync" where that module does not
 exist. --compare-flush runs the commit and agents8 parts in child processes instead, one
 without CASTORE_FLUSH and one with CASTORE_FLUSH=syncfs, group commit's shared rounds
 (keys *_syncfsmode), each one more
@@ -70,10 +70,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import bench_contenders as c
 
 from castore import Store
-from castore.mountinfo import mount_of
+from castore.medium.mountinfo import mount_of
 
 try:  # the group-commit policy lands with issue 16; before it every flush is an fsync
-    flushpolicy: Any = importlib.import_module("castore.flushpolicy")
+    flushpolicy: Any = importlib.import_module("castore.medium.flushpolicy")
 except ImportError:
     flushpolicy = None
 

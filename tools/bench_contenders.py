@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from castore import Plan, Service, Store, effect, found
 from castore.aio import AsyncStore
-from castore.run import Run
+from castore.run.run import Run
 
 AGENTS = 8
 FLOOR_BYTES = 600  # about the size of castore's snapshot of one small step

@@ -7,9 +7,9 @@ Builds a store (or reuses the one at --dir) of about tasks * (steps + 1) snapsho
 blob every --blob-every steps: 200 * 100 gives ≈ 22,000 objects. Then, interleaved round by
 round so that machine noise hits both alike, best of --rounds:
   floor  one thread: list the fan-out directories, open, read (os.open/os.read, unbuffered)
-         and blake3 every object file (castore.digest.hash_bytes), nothing else;
-  fsck   castore.fsck.check_store with every finding consumed (--jobs processes, this one
-         included; default: the CPU count), and once more with jobs=1 for reference.
+         and blake3 every object file (castore.format.digest.hash_bytes), nothing else;
+  fsck   castore.maintenance.fsck.check_store with every finding consumed (--jobs processes,
+         this one included; default: the CPU count), and once more with jobs=1 for reference.
 The last lines are key=value pairs; fsck_vs_floor is fsck's objects/s over the floor's, each
 the best of its rounds (the target is ≥ 0.8); the per-round median and range of the same
 ratio show how far machine noise moved it. --profile runs check_store(jobs=1) under cProfile
@@ -38,17 +38,17 @@ from typing import Any, TypeVar
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from castore import Plan, Store
-from castore.codec import intact_body
-from castore.digest import hash_bytes
-from castore.fastdecode import canonical_view
-from castore.fsck import Summary, check_store
-from castore.fsck.coverage import Coverage
-from castore.fsck.named import NamedObjects
-from castore.fsck.tree import walk_objects
-from castore.fsck.workers import TaskContext, check_tasks
-from castore.fsio import open_directory, read_in
-from castore.layout import CHAIN_DIR, MARKER_NAME, OBJECTS_DIR, TASKS_DIR, decode_task_id
-from castore.records import Snapshot
+from castore.format.codec import intact_body
+from castore.format.digest import hash_bytes
+from castore.format.fastdecode import canonical_view
+from castore.format.layout import CHAIN_DIR, MARKER_NAME, OBJECTS_DIR, TASKS_DIR, decode_task_id
+from castore.format.records import Snapshot
+from castore.maintenance.fsck import Summary, check_store
+from castore.maintenance.fsck.coverage import Coverage
+from castore.maintenance.fsck.named import NamedObjects
+from castore.maintenance.fsck.tree import walk_objects
+from castore.maintenance.fsck.workers import TaskContext, check_tasks
+from castore.medium.fsio import open_directory, read_in
 
 T = TypeVar("T")
 

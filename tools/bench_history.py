@@ -101,8 +101,8 @@ def build_task(
 def chain_verify_ms(store: Store, task: str, steps: int, rounds: int) -> float:
     """Best of `rounds`: what a resume spends on the chain itself (HEAD to the plan root,
     tail link by link, packs by digest), given the caller's plan and its digest."""
-    from castore.plans import plan_id
-    from castore.verify import verify_chain
+    from castore.chain.verify import verify_chain
+    from castore.format.plans import plan_id
 
     plan = plan_of(steps)
     expected = (plan_id(plan), plan)
@@ -117,7 +117,7 @@ def chain_verify_ms(store: Store, task: str, steps: int, rounds: int) -> float:
 def plan_digest_ms(steps: int, rounds: int) -> float:
     """Best of `rounds`: the digest of the caller's plan, which every resume computes (the
     gate compares it with the task's): what a long fixed plan costs, apart from the chain."""
-    from castore.plans import plan_id
+    from castore.format.plans import plan_id
 
     plan = plan_of(steps)
     best = float("inf")

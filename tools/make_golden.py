@@ -35,17 +35,18 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import castore
-from castore import codec, storeinit
-from castore import forget as forget_module
-from castore import fork as fork_module
-from castore import run as run_module
+from castore.chain import storeinit
+from castore.chain.refs import TaskSlots
+from castore.chain.seal import seal_task
 from castore.cli import main as cli_main
-from castore.digest import hash_bytes
-from castore.fsck import Summary, check_store
-from castore.layout import Layout
-from castore.records import Writer
-from castore.refs import TaskSlots
-from castore.seal import seal_task
+from castore.format import codec
+from castore.format.digest import hash_bytes
+from castore.format.layout import Layout
+from castore.format.records import Writer
+from castore.maintenance.fsck import Summary, check_store
+from castore.run import forget as forget_module
+from castore.run import fork as fork_module
+from castore.run import run as run_module
 
 GOLDEN = ROOT / "tests" / "golden"
 T0_MS = 1_796_029_200_000  # 2026-11-30T09:00:00Z: in the past, so ages and "stuck" are fixed

@@ -17,7 +17,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import NoReturn
 
 import castore
-from castore import errors, fsio, layout
+from castore import errors
+from castore.format import layout
+from castore.medium import fsio
 
 DEFAULT_STORE = ".castore"
 STORE_ENV = "CASTORE_STORE"

@@ -1,13 +1,13 @@
 """`castore brief`: the compact, deterministic description a resuming model reads to continue
-a task (castore.brief), within a token budget."""
+a task (castore.run.brief), within a token budget."""
 
 from __future__ import annotations
 
 import argparse
 
-from castore import brief
 from castore.cli import EXIT_OK, emit_json, open_store
-from castore.run import wall_clock_ms
+from castore.run import brief
+from castore.run.run import wall_clock_ms
 
 
 def budget(text: str) -> int:

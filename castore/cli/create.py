@@ -11,10 +11,10 @@ from castore.cli import EXIT_OK, add_path_argument, emit_json, store_path
 def cmd_init(args: argparse.Namespace) -> int:
     store = castore.Store.init(store_path(args))
     if args.json:
-        emit_json("init", {"store": store.root, "format": castore.codec.FORMAT_VERSION})
+        emit_json("init", {"store": store.root, "format": castore.format.codec.FORMAT_VERSION})
     else:
         print(
-            f"initialised empty castore store (format {castore.codec.FORMAT_VERSION}) in "
+            f"initialised empty castore store (format {castore.format.codec.FORMAT_VERSION}) in "
             f"{store.root}"
         )
     return EXIT_OK

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from castore.cli import EXIT_OK, emit_json, open_store
-from castore.resolution import default_actor
+from castore.run.resolution import default_actor
 
 
 def cmd_forget(args: argparse.Namespace) -> int:

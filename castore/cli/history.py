@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import attrs
 
-from castore import codec
-from castore.digest import hash_bytes
+from castore.chain.refs import TaskSlots
+from castore.chain.verify import decode_snapshot
 from castore.errors import (
     CastoreError,
     ChainError,
@@ -19,12 +19,12 @@ from castore.errors import (
     UnsafeFileError,
     UsageError,
 )
-from castore.forget import tombstone_head
-from castore.layout import MAX_SEQ, display_name
-from castore.records import Snapshot
-from castore.refs import TaskSlots
+from castore.format import codec
+from castore.format.digest import hash_bytes
+from castore.format.layout import MAX_SEQ, display_name
+from castore.format.records import Snapshot
+from castore.run.forget import tombstone_head
 from castore.store import Store
-from castore.verify import decode_snapshot
 
 
 @attrs.frozen

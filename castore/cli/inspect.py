@@ -8,7 +8,8 @@ import sys
 import time
 from typing import Any
 
-from castore import codec
+from castore.chain.refs import TaskSlots
+from castore.chain.snapshotread import read_snapshot
 from castore.cli import (
     EXIT_INTEGRITY,
     EXIT_OK,
@@ -20,10 +21,9 @@ from castore.cli import (
     threads,
 )
 from castore.errors import ChainError, ObjectMissingError, UsageError
-from castore.layout import display_name, validate_object_id
-from castore.records import Snapshot
-from castore.refs import TaskSlots
-from castore.snapshotread import read_snapshot
+from castore.format import codec
+from castore.format.layout import display_name, validate_object_id
+from castore.format.records import Snapshot
 from castore.store import Store
 
 

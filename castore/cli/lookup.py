@@ -6,7 +6,7 @@ import os
 import re
 
 from castore.errors import UsageError
-from castore.layout import display_name, is_object_name
+from castore.format.layout import display_name, is_object_name
 from castore.store import Store
 
 # Fewer digits than this would match many objects in any real store, so they are refused

@@ -16,12 +16,12 @@ from castore.cli import (
     positive_int,
     store_path,
 )
-from castore.gc import DEFAULT_GRACE_S, collect
-from castore.layout import display_name
+from castore.format.layout import display_name
+from castore.maintenance.gc import DEFAULT_GRACE_S, collect
 from castore.store import Store
 
 if TYPE_CHECKING:
-    from castore.fsck import Finding
+    from castore.maintenance.fsck import Finding
 
 PROGRESS_FROM = 1000  # objects: below this a progress bar would only flicker
 
@@ -38,8 +38,8 @@ def _many(count: object, word: str) -> str:
 
 def cmd_fsck(args: argparse.Namespace) -> int:
     # Imported here: the checker is most of what `castore` would load for every verb.
-    from castore.fsck import Summary, check_store  # noqa: PLC0415
-    from castore.fsck.quarantine import quarantine  # noqa: PLC0415
+    from castore.maintenance.fsck import Summary, check_store  # noqa: PLC0415
+    from castore.maintenance.fsck.quarantine import quarantine  # noqa: PLC0415
 
     summary = Summary()
     progress = _progress if sys.stderr.isatty() and not args.json else None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import fnmatch
 
+from castore.chain.status import TaskStatus
 from castore.cli import (
     EXIT_INTEGRITY,
     EXIT_OK,
@@ -14,8 +15,7 @@ from castore.cli import (
     threads,
 )
 from castore.errors import UsageError
-from castore.layout import display_name, encode_task_id
-from castore.status import TaskStatus
+from castore.format.layout import display_name, encode_task_id
 from castore.store import Store
 
 _GLOB_CHARS = frozenset("*?[")

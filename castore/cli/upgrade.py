@@ -9,7 +9,7 @@ from castore.cli import add_path_argument, emit_json, positive_int, store_path
 from castore.cli.maintenance import finding_line
 
 if TYPE_CHECKING:
-    from castore.upgrade import UpgradeReport
+    from castore.maintenance.upgrade import UpgradeReport
 
 _NEXT = (
     "nothing was changed; repair what is listed (`castore fsck` says how, `--quarantine` "
@@ -20,7 +20,7 @@ _NEXT = (
 
 def cmd_upgrade(args: argparse.Namespace) -> int:
     # Imported here: upgrade runs fsck's checker, which no other verb but fsck loads.
-    from castore.upgrade import upgrade  # noqa: PLC0415
+    from castore.maintenance.upgrade import upgrade  # noqa: PLC0415
 
     report = upgrade(store_path(args), dry_run=args.dry_run, jobs=args.jobs)
     if args.json:
@@ -52,7 +52,7 @@ def _print_json(report: UpgradeReport) -> None:
 
 
 def _print_text(report: UpgradeReport) -> None:
-    from castore.fsck import Severity  # noqa: PLC0415 - loaded with the upgrade, see above
+    from castore.maintenance.fsck import Severity  # noqa: PLC0415 - loaded with the upgrade, see above
 
     for finding in report.findings:
         if finding.severity is not Severity.INFO:  # infos are fsck's business, not a problem

@@ -20,13 +20,13 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from castore.alerts import span
 from castore.cli import EXIT_OK, add_path_argument, parse_duration, store_path
 from castore.errors import UsageError
-from castore.layout import display_name
+from castore.format.layout import display_name
+from castore.watch.alerts import span
 
 if TYPE_CHECKING:
-    from castore.alerts import Alert
+    from castore.watch.alerts import Alert
 
 log = logging.getLogger(__name__)
 

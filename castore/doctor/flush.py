@@ -6,10 +6,10 @@ import os
 import statistics
 import time
 
-from castore import flushpolicy, fsio
 from castore.doctor.primitives import CREATE_FLAGS, O_CLOEXEC, Context, describe
 from castore.doctor.report import Verdict
 from castore.errors import UsageError
+from castore.medium import flushpolicy, fsio
 
 ROUNDS = 3
 """Timed rounds of syncfs, and of one file's fsync for comparison (the median is reported)."""

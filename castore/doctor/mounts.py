@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from castore.doctor.report import Check
-from castore.mountinfo import LOCAL_FILESYSTEMS as _LOCAL_FILESYSTEMS
-from castore.mountinfo import mount_of as _mount_of
+from castore.medium.mountinfo import LOCAL_FILESYSTEMS as _LOCAL_FILESYSTEMS
+from castore.medium.mountinfo import mount_of as _mount_of
 
 _FS_NOTES = {
     "tmpfs": "tmpfs lives in memory: everything is lost on reboot (fine for tests only)",

@@ -18,12 +18,12 @@ from typing import Any
 import attrs
 
 import castore
+from castore.chain.outcomes import Outcome
 from castore.lab import agent, agent_judge, worker
 from castore.lab.agent_judge import Attempt
 from castore.lab.campaign import finish, resolve_from_ledger, spawn, wait_ready
 from castore.lab.fakemodel import FakeModel, read_model_log
 from castore.lab.service import ServiceProcess, read_ledger, start_service
-from castore.outcomes import Outcome
 
 MAX_ATTEMPTS = 400
 Say = Callable[[str], None]

@@ -21,12 +21,12 @@ from collections.abc import Iterable
 
 import attrs
 
+from castore.chain.verify import VerifiedHead
 from castore.errors import ChainError, TaskForgottenError
-from castore.forget import tombstone_head
 from castore.langgraph import names
 from castore.langgraph.threadlog import ThreadLog
+from castore.run.forget import tombstone_head
 from castore.store import Store
-from castore.verify import VerifiedHead
 
 SWITCH_WHO = "castore.langgraph switch"
 DELETE_WHO = "castore.langgraph delete"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from castore.digest import hash_bytes
+from castore.format.digest import hash_bytes
 
 PREFIX = "lg-"
 # castore's limit is 200 bytes per task id: a thread's part (at most 101 bytes), a

@@ -20,10 +20,10 @@ from typing import Any
 
 import attrs
 
-from castore.digest import hash_bytes
+from castore.chain.trees import RawRef, TreeRef, raw_bytes
+from castore.format.digest import hash_bytes
 from castore.langgraph.deps import SerializerProtocol
 from castore.store import Store
-from castore.trees import RawRef, TreeRef, raw_bytes
 
 DELTA_DEPTH = 90  # castore nests trees at most 100 deep (trees.MAX_TREE_DEPTH)
 _CACHE_BYTES = 64 << 20  # raw bodies kept (immutable, verified once): repeat reads are free

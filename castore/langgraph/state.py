@@ -24,13 +24,13 @@ from typing import Any
 import attrs
 
 from castore import crashpoints
+from castore.chain.trees import TreeRef
 from castore.errors import ConflictError, TaskExistsError
 from castore.langgraph import generations, names
 from castore.langgraph.deps import WRITES_IDX_MAP
 from castore.langgraph.parts import ListInfo, Parts
 from castore.langgraph.threadlog import ThreadLog
 from castore.store import Store
-from castore.trees import TreeRef
 
 WriteKey = tuple[str, int]  # (task_id, idx)
 # A channel value whose serialized bytes are at most this goes in its put's header, not an

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import os
 
+from castore.chain.trees import TreeRef
 from castore.errors import TaskNotFoundError, UsageError
-from castore.forget import Forgotten
-from castore.layout import CHAIN_DIR, slot_name
-from castore.records import Plan
-from castore.run import Run
+from castore.format.layout import CHAIN_DIR, slot_name
+from castore.format.records import Plan
+from castore.run.forget import Forgotten
+from castore.run.run import Run
 from castore.store import Store
-from castore.trees import TreeRef
 
 _PLAN = Plan.grow("castore-langgraph-log")
 # Seal a log this often: a snapshot (~600 bytes) outweighs a LangGraph step's new data, and a

@@ -21,10 +21,9 @@ from typing import Annotated, Any, cast
 import pydantic
 
 import castore
-from castore import resolution
-from castore.codec import encode_value
-from castore.digest import hash_chunks
 from castore.errors import OutcomeUnknownError, UsageError
+from castore.format.codec import encode_value
+from castore.format.digest import hash_chunks
 from castore.langgraph.deps import (
     BaseTool,
     InjectedToolCallId,
@@ -34,6 +33,7 @@ from castore.langgraph.deps import (
     interrupt,
 )
 from castore.langgraph.durability import ensure_call_durable, graph_namespace
+from castore.run import resolution
 
 STEP = "call"
 KEY_PARAM = "idempotency_key"

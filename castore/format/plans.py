@@ -1,0 +1,128 @@
+"""Plan validation, the plan digest, and the rolling digest of a growing plan."""
+
+from __future__ import annotations
+
+import itertools
+import operator
+
+from castore.errors import UsageError
+from castore.format import codec
+from castore.format.digest import hash_chunks
+from castore.format.fastdecode import encode_sorted
+from castore.format.records import Plan, Snapshot, Step
+
+MAX_STEP_ID = 200
+_STEP_DOMAIN = b"castore-plan-step\0"
+_ID, _AFTER, _EFFECT = (operator.attrgetter(name) for name in ("id", "after", "effect"))
+_SLICE = 4096  # steps encoded at a time: ~200 KB
+
+
+def validate_step_id(step_id: object) -> None:
+    """Refuse a step id castore could not record or print: not a non-empty printable str of
+    at most MAX_STEP_ID characters."""
+    if not isinstance(step_id, str) or not step_id or len(step_id) > MAX_STEP_ID:
+        raise UsageError(f"step id {step_id!r}: use a non-empty str of at most {MAX_STEP_ID} chars")
+    if not step_id.isprintable():  # status and log print it: one id, one line, as is
+        raise UsageError(
+            f"step id {step_id!r} is not printable (a control, format or separator "
+            "character other than space); choose one that prints as itself"
+        )
+
+
+def validate_plan(plan: Plan) -> None:
+    """Refuse a plan castore could not run: no steps (unless it grows), bad or duplicate
+    ids, forward deps."""
+    if plan.grows is not None and plan.grows is not True:
+        raise UsageError(f"plan {plan.name!r}: grows is True or None, not {plan.grows!r}")
+    if not plan.steps and not plan.grows:
+        raise UsageError(
+            f"plan {plan.name!r} has no steps; give it at least one (or make it a growing "
+            "plan with Plan.grow, whose steps are decided as the task runs)"
+        )
+    seen: set[str] = set()
+    for step in plan.steps:
+        validate_step_id(step.id)
+        if step.id in seen:
+            raise UsageError(f"plan {plan.name!r} has step {step.id!r} twice; step ids are unique")
+        for dep in step.after:
+            if dep not in seen:
+                raise UsageError(
+                    f"step {step.id!r} runs after {dep!r}, which is not an earlier step; "
+                    "list steps in an order that respects their dependencies"
+                )
+        seen.add(step.id)
+
+
+def plan_bytes(plan: Plan) -> bytes:
+    """The framed object bytes of a plan."""
+    return b"".join(_plan_pieces(plan))
+
+
+def _plan_pieces(plan: Plan) -> list[bytes | memoryview]:
+    """The framed bytes of a plan, in pieces whose concatenation they are. Every resume
+    hashes the caller's plan: its steps (all of the bytes of a long plan) are encoded in C,
+    a slice at a time, when they hold exact types only; the name and meta as any record's
+    fields are; anything else takes the general path, in one piece."""
+    version = 2 if plan.grows is not None else None  # a v1 reader knows no growing plan
+    if not _plain_steps(plan.steps) or plan.grows not in (None, True):
+        return [_general_bytes(plan, version)]
+    try:
+        steps = _encoded_steps(plan.steps)
+    except UnicodeEncodeError:  # a lone surrogate: the general path says where
+        return [_general_bytes(plan, version)]
+    head = b'{%s"meta":%s,"name":%s,"steps":' % (
+        b'"grows":true,' if plan.grows else b"",
+        codec.encode_value(codec.to_builtins(plan.meta)),
+        codec.encode_value(plan.name),
+    )
+    body = [head, *steps, b"}"]
+    return [codec.frame_header("plan", sum(map(len, body)), version), *body]
+
+
+def _general_bytes(plan: Plan, version: int | None) -> bytes:
+    return codec.frame("plan", codec.encode_value(codec.to_builtins(plan)), version)
+
+
+def _encoded_steps(steps: tuple[Step, ...]) -> list[bytes | memoryview]:
+    """`steps` as one JSON array, in pieces of at most _SLICE steps: never a copy of the
+    whole (a plan of 1,000,000 steps is 50 MB)."""
+    if not steps:
+        return [b"[]"]
+    pieces: list[bytes | memoryview] = []
+    for start in range(0, len(steps), _SLICE):
+        encoded = encode_sorted(steps[start : start + _SLICE])  # b"[...]"
+        pieces += [b"," if pieces else b"[", memoryview(encoded)[1:-1]]
+    return [*pieces, b"]"]
+
+
+def _plain_steps(steps: object) -> bool:
+    """True if `steps` is a tuple of Steps made of exact strs and bools (what the general
+    path encodes the same way, fastdecode.encode_sorted); whole-sequence checks, in C."""
+    if type(steps) is not tuple or not set(map(type, steps)) <= {Step}:
+        return False
+    afters = list(map(_AFTER, steps))
+    return (
+        set(map(type, map(_ID, steps))) <= {str}
+        and set(map(type, map(_EFFECT, steps))) <= {bool}
+        and set(map(type, afters)) <= {tuple}
+        and set(map(type, itertools.chain.from_iterable(afters))) <= {str}
+    )
+
+
+def plan_id(plan: Plan) -> str:
+    """The plan digest: the id its object has (or would have) in any store."""
+    return hash_chunks(_plan_pieces(plan))
+
+
+def roll_digest(digest: str, step: Step, args: str | None) -> str:
+    """d(n+1) from d(n): the plan digest once `step` (with journaled-call argument digest
+    `args`) is decided after the steps `digest` covers (docs/FORMAT.md 7.9)."""
+    entry = codec.encode_value({"args": args, "effect": step.effect, "id": step.id})
+    return hash_chunks([_STEP_DOMAIN, digest.encode(), b"\0", entry])
+
+
+def head_digest(snapshot: Snapshot) -> str:
+    """The plan digest at `snapshot`: the rolling digest of a growing plan (every step
+    decided so far), else the plan object id."""
+    grown = snapshot.grown
+    return grown.digest if grown is not None else snapshot.plan

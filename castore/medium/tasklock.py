@@ -1,0 +1,60 @@
+"""Per-task local lock (the only importer of filelock): queues workers on one host.
+
+No commit rests on it: on a network filesystem two hosts' locks may not see each other. The
+commit point (an exclusive link) is what makes a commit safe; for commits the lock only spares
+local contenders a ConflictError. For effects it says more: a run holds it until its sends
+have ended (Run.close, castore.run.inflight), so where locks are coherent a run that got it knows
+no earlier run's send still runs (docs/FORMAT.md §14).
+"""
+
+from __future__ import annotations
+
+import errno
+
+import filelock
+
+from castore.errors import TaskBusyError
+from castore.medium import fsio
+
+LOCK_MODE = 0o664  # group members share a store
+_NO_FLOCK = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP}
+
+
+class TaskLock:
+    """A held or not-yet-held lock on one task."""
+
+    def __init__(self, path: str, task_id: str) -> None:
+        self._task_id = task_id
+        self._path = path
+        # Never delete the lock file (unlinking splits waiters across inodes), and never fall
+        # back to filelock's soft lock, which a crashed holder on another host would wedge.
+        self._lock = filelock.FileLock(
+            path,
+            mode=LOCK_MODE,
+            thread_local=False,
+            preserve_lock_file=True,
+            fallback_to_soft=False,
+        )
+
+    def acquire(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds (negative: forever) for the lock; False if this
+        filesystem has no flock at all (then the commit point alone keeps commits safe)."""
+        try:
+            self._lock.acquire(timeout=timeout)
+        except filelock.Timeout:
+            raise TaskBusyError(self._task_id, timeout) from None
+        except NotImplementedError:
+            return False
+        except OSError as exc:
+            if exc.errno in _NO_FLOCK:
+                return False
+            # A planted symlink (O_NOFOLLOW: ELOOP), no permission, an I/O error.
+            raise fsio.io_error(self._path, "opening and locking the task lock", exc) from exc
+        return True
+
+    def release(self) -> None:
+        """Release the lock; the lock file stays (unlinking it would split waiters)."""
+        try:
+            self._lock.release()
+        except OSError as exc:  # the kernel dropped the lock with the descriptor; an I/O error
+            raise fsio.io_error(self._path, "releasing the task lock", exc) from exc

@@ -1,0 +1,180 @@
+"""The tree shows the layers (issue 24): imports point down, no module imports in a circle,
+no module is too long, and only the medium touches the filesystem.
+
+The floors, bottom first (each package's docstring says what it owns and may import):
+
+    0  castore.errors, castore.crashpoints     imported by everything; import no castore module
+    1  castore.format                          bytes and names: codec, records, layout, rules
+    2  castore.medium                          the place that holds objects and chain slots
+    3  castore.chain                           objects, slots, marks, packs, verification, seal
+    4  castore.run                             every writer of a task: the run, the protocol
+    5  castore.store                           the facade: open a store, start and resume tasks
+    6  castore.maintenance                     gc, fsck, upgrade, retention, reclaim
+    7  adapters: aio, langgraph, watch, doctor, lab, cli (and castore/__init__, __main__)
+
+A module may import modules of its own floor and below; adapters may import each other only
+as listed in ADAPTER_EDGES (the CLI drives the others; the lab and doctor are the CLI's too).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent / "castore"
+MAX_LINES = 450
+
+FLOORS = {
+    "castore.errors": 0,
+    "castore.crashpoints": 0,
+    "castore.format": 1,
+    "castore.medium": 2,
+    "castore.chain": 3,
+    "castore.run": 4,
+    "castore.store": 5,
+    "castore.maintenance": 6,
+    "castore.aio": 7,
+    "castore.langgraph": 7,
+    "castore.watch": 7,
+    "castore.doctor": 7,
+    "castore.lab": 7,
+    "castore.cli": 7,
+    "castore": 7,  # castore/__init__.py and castore/__main__.py
+    "castore.__main__": 7,
+}
+# Which adapter may import which (the CLI is the top; the rest stand side by side).
+ADAPTER_EDGES = {
+    ("castore.cli", "castore.watch"),
+    ("castore.cli", "castore.doctor"),
+    ("castore.cli", "castore.lab"),
+    ("castore.cli", "castore.langgraph"),
+    ("castore.lab", "castore.aio"),
+    ("castore.langgraph", "castore.lab"),
+    ("castore.langgraph", "castore.aio"),
+    ("castore.__main__", "castore.cli"),
+}
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        parts = path.relative_to(ROOT.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+MODULES = modules()
+
+
+def imports_of(name: str, path: Path) -> set[str]:
+    """The castore modules `name` imports, anywhere in it (also inside functions and under
+    TYPE_CHECKING: a circle of annotations is still a circle to whoever reads the code)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                module = node.module or ""
+            for alias in node.names:
+                candidate = f"{module}.{alias.name}"
+                found.add(candidate if candidate in MODULES else module)
+    return {target for target in found if target in MODULES and target != name}
+
+
+GRAPH = {name: imports_of(name, path) for name, path in MODULES.items()}
+
+
+def floor_package(name: str) -> str:
+    """The entry of FLOORS that `name` belongs to (its longest matching prefix)."""
+    best = ""
+    for package in FLOORS:
+        if (name == package or name.startswith(package + ".")) and len(package) > len(best):
+            best = package
+    if not best:
+        raise AssertionError(f"{name} is in no floor: add its package to FLOORS")
+    return best
+
+
+def test_every_module_is_on_a_floor() -> None:
+    """Every module of castore/ belongs to a package of a known floor."""
+    for name in MODULES:
+        floor_package(name)
+
+
+def test_imports_point_down() -> None:
+    """A module imports only its own floor and the floors below (adapters: as listed)."""
+    wrong = []
+    for name, targets in GRAPH.items():
+        mine = floor_package(name)
+        for target in targets:
+            theirs = floor_package(target)
+            if theirs == mine or FLOORS[theirs] < FLOORS[mine]:
+                continue
+            if (mine, theirs) in ADAPTER_EDGES:
+                continue
+            wrong.append(f"{name} (floor {FLOORS[mine]}) imports {target} (floor {FLOORS[theirs]})")
+    assert [] == sorted(wrong)
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle of `graph` (its modules in order, the first repeated at the end)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for target in sorted(graph.get(node, ())):
+            if state.get(target) == 1:
+                return [*path[path.index(target) :], target]
+            if target not in state:
+                found = visit(target)
+                if found:
+                    return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def test_no_import_circles() -> None:
+    """No module of castore/ reaches itself through its imports; the circle is named."""
+    cycle = find_cycle(GRAPH)
+    assert cycle is None, "an import circle: " + " -> ".join(cycle or [])
+
+
+def test_the_cycle_finder_finds_a_circle() -> None:
+    """Self-test: a planted circle of three is found and named in order."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert ["a", "b", "c", "a"] == find_cycle(graph)
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_no_module_is_too_long(name: str) -> None:
+    """Small modules with one job each: none over ~450 lines."""
+    lines = len(MODULES[name].read_text(encoding="utf-8").splitlines())
+    assert lines <= MAX_LINES, f"{name} has {lines} lines"
+
+
+def test_every_package_says_what_it_owns() -> None:
+    """Each package opens with a docstring saying what it owns and what it may import."""
+    for name, path in MODULES.items():
+        if path.name == "__init__.py":
+            doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
+            assert doc, f"package {name} has no docstring"
+            assert "import" in doc, f"package {name}'s docstring does not say what it may import"
