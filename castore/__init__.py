@@ -1,4 +1,11 @@
-"""castore: a crash-safe, content-addressed checkpoint store for agents and their side effects."""
+"""castore: a crash-safe, content-addressed checkpoint store for agents and their side effects.
+
+The public API is every name in `__all__` (plus castore.aio and castore.langgraph). The
+library is in layers, each a package whose docstring says what it owns: castore.format,
+castore.medium, castore.chain, castore.run, castore.store, castore.maintenance, then the
+adapters (aio, langgraph, watch, doctor, lab, cli); tests/test_layers.py keeps the imports
+pointing down. This module imports from the layers below it and never an adapter.
+"""
 
 from castore.chain.trees import RawRef, Tree, TreeRef
 from castore.errors import (
@@ -54,9 +61,10 @@ from castore.format.effects import (
 from castore.format.envdigest import env_digest, tree_digest
 from castore.format.plans import head_digest, plan_id
 from castore.format.records import BlobRef, EffectState, Grown, Plan, Snapshot, Step, effect
+from castore.run.contract import Position
 from castore.run.journal import vouch
-from castore.run.replay import Position
-from castore.run.run import Run, derive_key, derive_step_key
+from castore.run.run import Run
+from castore.run.settings import derive_key, derive_step_key
 from castore.store import Store
 
 __version__ = "0.2.0.dev0"

@@ -50,10 +50,10 @@ from castore.medium.tasklock import TaskLock
 from castore.run import brief, forget, fork, gate, resolution
 from castore.run.forget import Forgotten
 from castore.run.fork import Forked
-from castore.run.run import (
+from castore.run.run import Run
+from castore.run.settings import (
     Clock,
     EnvSource,
-    Run,
     RunSettings,
     encode_snapshot,
     initial_snapshot,
@@ -376,8 +376,9 @@ class Store:
         return Run(self.objects, slots, chain, settings, lock)
 
     def seal_run(self, task_id: str) -> Run:
-        """A run of task `task_id` for sealing it (`castore.chain.seal.seal_task`): its chain must
-        verify; no gate check applies, since a SEAL commit changes nothing but the anchor."""
+        """A run of task `task_id` for sealing it (`castore.maintenance.sealing.seal_task`): its
+        chain must verify; no gate check applies, since a SEAL commit changes nothing but the
+        anchor."""
         return self._decision_run(task_id, keep_env=True, seal=True)
 
     @property

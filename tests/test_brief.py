@@ -11,9 +11,9 @@ import pytest
 
 import castore
 from castore.chain.objects import ObjectStore
-from castore.chain.seal import seal_task
 from castore.format.effects import Service
 from castore.format.records import Plan, Step, effect
+from castore.maintenance.sealing import seal_task
 from castore.run import brief
 from tests.helpers import cli, flip_bit, rewrite
 

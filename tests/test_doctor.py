@@ -121,7 +121,7 @@ def test_directory_fsync_policy(
 def test_peer_that_is_another_directory_fails(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(doctor, "VISIBILITY_TIMEOUT", 0.2)
+    monkeypatch.setattr(doctor.settings, "VISIBILITY_TIMEOUT", 0.2)
     path, other = tmp_path / "path", tmp_path / "other"
     path.mkdir()
     other.mkdir()
@@ -285,7 +285,7 @@ def test_doctor_across_two_sshfs_clients(sshfs_pair: SshfsPair) -> None:
     for name in ("exclusive-create-race", "link-race"):
         check = report.check(name)
         assert check.verdict in ("ok", "warn"), report.to_text()
-        assert f"{doctor.RACE_ROUNDS}/{doctor.RACE_ROUNDS}" in check.detail
+        assert f"{doctor.settings.RACE_ROUNDS}/{doctor.settings.RACE_ROUNDS}" in check.detail
         assert "exactly one winner" in check.detail
         if check.verdict == "warn":
             assert "EPERM" in check.detail

@@ -22,7 +22,7 @@ from castore.errors import (
 from castore.format.history import illegal_changes
 from castore.format.records import Transition, TransitionKind
 from castore.run import forget as forgetting
-from castore.run.run import RunSettings, encode_snapshot
+from castore.run.settings import RunSettings, encode_snapshot
 
 PLAN = castore.Plan.build("job", "a", castore.effect("pay", "a"), "b")
 SERVICE = castore.Service("payments")

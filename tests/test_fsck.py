@@ -37,7 +37,7 @@ from castore.format.digest import hash_bytes
 from castore.format.layout import encode_task_id
 from castore.format.records import EffectState, Frontier, Transition, TransitionKind
 from castore.maintenance.fsck import CODES, Finding, Severity, Summary, check_store
-from castore.run.run import RunSettings, encode_snapshot
+from castore.run.settings import RunSettings, encode_snapshot
 
 PLAIN = castore.Plan.build("plain", "a", "b", "c", "d")
 OTHER = castore.Plan.build("other", "a", "b", "c")

@@ -14,7 +14,7 @@ from helpers import flip_bit, rewrite, tree_snapshot
 import castore
 from castore.chain.refs import TaskSlots
 from castore.format.records import EffectRecord, EffectState, Frontier, Transition, TransitionKind
-from castore.run.run import RunSettings, encode_snapshot, initial_snapshot
+from castore.run.settings import RunSettings, encode_snapshot, initial_snapshot
 
 TASK = "report-1"
 PLAN = castore.Plan.build("report", "fetch", castore.effect("pay", "fetch"), "publish")

@@ -12,7 +12,7 @@ import pytest
 from helpers import spawn_child
 
 import castore
-from castore.run.run import derive_step_key
+from castore.run.settings import derive_step_key
 
 TASK = "agent/1"
 ROUNDS = 3

@@ -27,7 +27,7 @@ from castore.format.records import (
 )
 from castore.lab.service import ServiceClient, ServiceProcess, applied_counts, start_service
 from castore.maintenance.fsck import check_store
-from castore.run.run import RunSettings, encode_snapshot
+from castore.run.settings import RunSettings, encode_snapshot
 
 S = EffectState
 TASK = "order-9"

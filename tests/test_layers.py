@@ -10,7 +10,8 @@ The floors, bottom first (each package's docstring says what it owns and may imp
     4  castore.run                             every writer of a task: the run, the protocol
     5  castore.store                           the facade: open a store, start and resume tasks
     6  castore.maintenance                     gc, fsck, upgrade, retention, reclaim
-    7  adapters: aio, langgraph, watch, doctor, lab, cli (and castore/__init__, __main__)
+    6.5  castore (its __init__)                the public API, which adapters use as a user would
+    7  adapters: aio, langgraph, watch, doctor, lab, cli, and castore.__main__
 
 A module may import modules of its own floor and below; adapters may import each other only
 as listed in ADAPTER_EDGES (the CLI drives the others; the lab and doctor are the CLI's too).
@@ -26,7 +27,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent / "castore"
 MAX_LINES = 450
 
-FLOORS = {
+FLOORS: dict[str, float] = {
     "castore.errors": 0,
     "castore.crashpoints": 0,
     "castore.format": 1,
@@ -41,7 +42,7 @@ FLOORS = {
     "castore.doctor": 7,
     "castore.lab": 7,
     "castore.cli": 7,
-    "castore": 7,  # castore/__init__.py and castore/__main__.py
+    "castore": 6.5,  # castore/__init__.py: the public API
     "castore.__main__": 7,
 }
 # Which adapter may import which (the CLI is the top; the rest stand side by side).

@@ -15,8 +15,8 @@ from sealing import plan_of, seal_often
 
 import castore
 import castore.maintenance.gc
-from castore.chain.seal import seal_task
 from castore.maintenance.fsck import Finding, Severity, check_store
+from castore.maintenance.sealing import seal_task
 from castore.watch import Watcher
 
 TASK = "lost/1"

@@ -13,11 +13,11 @@ from sealing import EVERY, framed_history, plan_of, rechain, run_steps, seal_oft
 
 import castore
 from castore.chain import packs
-from castore.chain.seal import seal_task
 from castore.chain.verify import extend_head, verified_head, verify_head
 from castore.errors import ChainError
 from castore.format.digest import hash_bytes
 from castore.format.records import Sealed, TransitionKind
+from castore.maintenance.sealing import seal_task
 
 pytestmark = pytest.mark.usefixtures(seal_often.__name__)
 TASK = "long"

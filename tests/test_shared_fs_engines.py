@@ -188,7 +188,7 @@ def test_doctor_rereads_a_race_winner_that_reads_empty_at_first(
         return real_read(path)
 
     monkeypatch.setattr(races, "read_bytes", empty_at_first)
-    monkeypatch.setattr(doctor, "RACE_ROUNDS", 5)
+    monkeypatch.setattr(doctor.settings, "RACE_ROUNDS", 5)
     report = run_doctor(tmp_path)
     checks = [report.check(name) for name in ("exclusive-create-race", "link-race")]
     assert (["warn", "warn"], True) == ([c.verdict for c in checks], report.safe)
@@ -201,7 +201,7 @@ def test_doctor_rereads_a_race_winner_that_reads_empty_at_first(
 def test_doctor_fails_a_race_whose_winner_reads_empty_past_the_bound(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A winner's file that still reads empty after doctor.STALE_READ_TIMEOUT fails the
+    """A winner's file that still reads empty after doctor.settings.STALE_READ_TIMEOUT fails the
     race (the re-reading is bounded: an empty file is not waited on forever)."""
     real_read = races.read_bytes
 
@@ -209,8 +209,8 @@ def test_doctor_fails_a_race_whose_winner_reads_empty_past_the_bound(
         return b"" if os.path.basename(path).startswith("race-") else real_read(path)
 
     monkeypatch.setattr(races, "read_bytes", empty_race_files)
-    monkeypatch.setattr(doctor, "RACE_ROUNDS", 2)
-    monkeypatch.setattr(doctor, "STALE_READ_TIMEOUT", 0.1)
+    monkeypatch.setattr(doctor.settings, "RACE_ROUNDS", 2)
+    monkeypatch.setattr(doctor.settings, "STALE_READ_TIMEOUT", 0.1)
     started = time.monotonic()
     report = run_doctor(tmp_path)
     elapsed = time.monotonic() - started

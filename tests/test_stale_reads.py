@@ -29,8 +29,8 @@ TASK = "stale/1"
 
 class StaleOS:
     """The `os` of castore.medium.fsio, serving the first `stale_opens` opens of a target (a
-    path, or a name opened in a directory descriptor) stale: reads of such a descriptor return `stale`
-    (then end of file) instead of the file's bytes, or the open fails with `err`. Counts the
+    path, or a name opened in a directory descriptor) stale: reads of such a descriptor return
+    `stale` (then end of file) instead of the file's bytes, or the open fails with `err`. Counts the
     opens of the targets."""
 
     def __init__(

@@ -37,13 +37,13 @@ sys.path.insert(0, str(ROOT))
 import castore
 from castore.chain import storeinit
 from castore.chain.refs import TaskSlots
-from castore.chain.seal import seal_task
 from castore.cli import main as cli_main
 from castore.format import codec
 from castore.format.digest import hash_bytes
 from castore.format.layout import Layout
 from castore.format.records import Writer
 from castore.maintenance.fsck import Summary, check_store
+from castore.maintenance.sealing import seal_task
 from castore.run import forget as forget_module
 from castore.run import fork as fork_module
 from castore.run import run as run_module

@@ -19,7 +19,7 @@ from castore.format.effects import NextAction, Service
 from castore.format.records import Snapshot
 from castore.run import inflight, journal, protocol
 from castore.run.brief import Brief, make_brief
-from castore.run.replay import Position
+from castore.run.contract import Position
 from castore.run.run import Run
 
 T = TypeVar("T")

@@ -19,7 +19,6 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import attrs
 
@@ -30,9 +29,6 @@ from castore.chain.refs import TaskSlots
 from castore.errors import CastoreError, UsageError
 from castore.format.records import Sealed
 from castore.medium import fsio
-
-if TYPE_CHECKING:
-    from castore.store import Store
 
 SEAL_EVERY = packs.MAX_SNAPSHOTS
 
@@ -225,11 +221,3 @@ class Sealer:
             crashpoints.wait("seal.close", lambda: self._jobs.unfinished_tasks == 0)
             self._thread.join()
             self._thread = None
-
-
-def seal_task(store: Store, task_id: str) -> SealReport:
-    """Seal task `task_id`'s whole history up to HEAD with a SEAL commit (upgrade, and what
-    a finishing run does at close); ConflictError if another writer commits first. A task
-    whose HEAD already is such a SEAL is left as it is."""
-    with store.seal_run(task_id) as run:
-        return run.seal_now()

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import argparse
 
-from castore.cli import EXIT_OK, emit_json, open_store
+from castore.cli.common import EXIT_OK, emit_json, open_store
 from castore.run import brief
-from castore.run.run import wall_clock_ms
+from castore.run.settings import wall_clock_ms
 
 
 def budget(text: str) -> int:

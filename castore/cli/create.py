@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 import castore
-from castore.cli import EXIT_OK, add_path_argument, emit_json, store_path
+from castore.cli.common import EXIT_OK, add_path_argument, emit_json, store_path
 
 
 def cmd_init(args: argparse.Namespace) -> int:

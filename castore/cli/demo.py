@@ -9,7 +9,7 @@ import shutil
 import sys
 import sysconfig
 
-from castore.cli import EXIT_FINDINGS, EXIT_OK, add_path_argument, emit_json, store_path
+from castore.cli.common import EXIT_FINDINGS, EXIT_OK, add_path_argument, emit_json, store_path
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from castore.cli import EXIT_FINDINGS, EXIT_OK, add_path_argument, emit_json, store_path
+from castore.cli.common import EXIT_FINDINGS, EXIT_OK, add_path_argument, emit_json, store_path
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from castore.cli import EXIT_OK, emit_json, open_store
+from castore.cli.common import EXIT_OK, emit_json, open_store
 from castore.run.resolution import default_actor
 
 

@@ -10,15 +10,13 @@ from typing import Any
 
 from castore.chain.refs import TaskSlots
 from castore.chain.snapshotread import read_snapshot
-from castore.cli import (
+from castore.cli import history, lookup, threads
+from castore.cli.common import (
     EXIT_INTEGRITY,
     EXIT_OK,
     emit_json,
-    history,
-    lookup,
     open_store,
     positive_int,
-    threads,
 )
 from castore.errors import ChainError, ObjectMissingError, UsageError
 from castore.format import codec

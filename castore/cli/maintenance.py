@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from castore.cli import (
+from castore.cli.common import (
     EXIT_OK,
     EXIT_USAGE,
     add_path_argument,

@@ -6,13 +6,13 @@ import argparse
 import fnmatch
 
 from castore.chain.status import TaskStatus
-from castore.cli import (
+from castore.cli import threads
+from castore.cli.common import (
     EXIT_INTEGRITY,
     EXIT_OK,
     EXIT_UNKNOWN_OUTCOME,
     emit_json,
     open_store,
-    threads,
 )
 from castore.errors import UsageError
 from castore.format.layout import display_name, encode_task_id

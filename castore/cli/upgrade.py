@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from castore.cli import add_path_argument, emit_json, positive_int, store_path
+from castore.cli.common import add_path_argument, emit_json, positive_int, store_path
 from castore.cli.maintenance import finding_line
 
 if TYPE_CHECKING:

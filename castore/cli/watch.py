@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from castore.cli import EXIT_OK, add_path_argument, parse_duration, store_path
+from castore.cli.common import EXIT_OK, add_path_argument, parse_duration, store_path
 from castore.errors import UsageError
 from castore.format.layout import display_name
 from castore.watch.alerts import span

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from castore import doctor
+from castore.doctor import settings
 from castore.doctor.primitives import CheckFailed
 
 
@@ -31,9 +31,9 @@ def send(proc: subprocess.Popen[bytes], line: str) -> None:
 
 
 def read_line(proc: subprocess.Popen[bytes]) -> bytes:
-    """One line from a helper's stdout, without blocking past doctor.WORKER_TIMEOUT."""
+    """One line from a helper's stdout, without blocking past settings.WORKER_TIMEOUT."""
     assert proc.stdout is not None  # noqa: S101 -- spawned with stdout=PIPE
-    timeout = doctor.WORKER_TIMEOUT
+    timeout = settings.WORKER_TIMEOUT
     fd = proc.stdout.fileno()
     deadline = time.monotonic() + timeout
     buf = b""

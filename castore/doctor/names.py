@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from castore import doctor
+from castore.doctor import settings
 from castore.doctor.primitives import (
     CheckFailed,
     Context,
@@ -95,7 +95,7 @@ def check_rename_over(ctx: Context) -> tuple[Verdict, str]:
         took = wait_for(reads(os.path.join(b, "ren-target"), b"new-1"))
         if took is None:
             raise CheckFailed(
-                f"peer still does not read the new content {doctor.VISIBILITY_TIMEOUT:g}s after "
+                f"peer still does not read the new content {settings.VISIBILITY_TIMEOUT:g}s after "
                 "the rename through path"
             )
         tmp2 = os.path.join(b, "ren-tmp-2")
@@ -104,7 +104,7 @@ def check_rename_over(ctx: Context) -> tuple[Verdict, str]:
         took2 = wait_for(reads(target, b"new-2"))
         if took2 is None:
             raise CheckFailed(
-                f"path still does not read the new content {doctor.VISIBILITY_TIMEOUT:g}s after "
+                f"path still does not read the new content {settings.VISIBILITY_TIMEOUT:g}s after "
                 "the rename through peer"
             )
         detail += (
@@ -133,8 +133,8 @@ def check_unlink_visible(ctx: Context) -> tuple[Verdict, str]:
     took = wait_for(recreate)
     if took is None:
         return "warn", (
-            f"{doctor.VISIBILITY_TIMEOUT:g}s after an unlink through path, O_CREAT|O_EXCL through "
-            f"{label} still says EEXIST"
+            f"{settings.VISIBILITY_TIMEOUT:g}s after an unlink through path, O_CREAT|O_EXCL "
+            f"through {label} still says EEXIST"
         )
     return "ok", (
         f"after an unlink through path, O_CREAT|O_EXCL through {label} can reuse the name "

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 
 # The tunables live on the package, where tests set them: read them there at call time.
-from castore import doctor
+from castore.doctor import settings
 
 O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -73,8 +73,8 @@ def expect_eexist(op: Callable[[], object], what: str) -> None:
 
 
 def wait_for(probe: Callable[[], bool]) -> float | None:
-    """Poll `probe` until it is true; seconds it took, or None after doctor.VISIBILITY_TIMEOUT."""
-    timeout = doctor.VISIBILITY_TIMEOUT
+    """Poll `probe` until it is true; seconds it took, or None after settings.VISIBILITY_TIMEOUT."""
+    timeout = settings.VISIBILITY_TIMEOUT
     start = time.monotonic()
     while True:
         if probe():

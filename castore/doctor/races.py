@@ -6,7 +6,7 @@ import json
 import os
 import time
 
-from castore import doctor
+from castore.doctor import settings
 from castore.doctor.helpers import errno_answer, expect_line, read_line, send, spawn, stop
 from castore.doctor.primitives import Context, describe, ms, read_bytes, write_new
 from castore.doctor.report import Verdict
@@ -68,7 +68,7 @@ STALE_READ_FIX = (
 
 def _race(ctx: Context, op: str) -> tuple[Verdict, str]:
     """RACE_ROUNDS rounds of two processes, one per side, making the same new name at once."""
-    a, what, rounds = ctx.a, _RACE_OPS[op], doctor.RACE_ROUNDS
+    a, what, rounds = ctx.a, _RACE_OPS[op], settings.RACE_ROUNDS
     other, other_label = (ctx.b, "peer") if ctx.b is not None else (a, "path-2")
     labels = ["path", other_label]
     racers = [spawn(_RACER, a, "path", op), spawn(_RACER, other, other_label, op)]
@@ -180,14 +180,14 @@ def _judge_round(
 
 def _read_winner(path: str, expected: bytes) -> tuple[bytes, float | None]:
     """The content of the winner's file, read again while it reads as a strict prefix of
-    `expected` (empty, most often), for at most doctor.STALE_READ_TIMEOUT: a client may
+    `expected` (empty, most often), for at most settings.STALE_READ_TIMEOUT: a client may
     serve its cached empty view of a file the other client has since written (GlusterFS'
     default caches, for up to 1 s). The seconds until it read whole, None if at once."""
     content = read_bytes(path)
     if content == expected or not expected.startswith(content):
         return content, None
     started = time.monotonic()
-    deadline = started + doctor.STALE_READ_TIMEOUT
+    deadline = started + settings.STALE_READ_TIMEOUT
     while expected.startswith(content) and content != expected and time.monotonic() < deadline:
         time.sleep(0.01)  # a poll interval while the client's cache expires
         content = read_bytes(path)

@@ -11,7 +11,7 @@ import subprocess
 import time
 from collections.abc import Callable
 
-from castore import doctor
+from castore.doctor import settings
 from castore.doctor.files import (
     check_directory_fsync,
     check_file_fsync,
@@ -89,9 +89,10 @@ def _check_peer(scratch: str, peer_scratch: str) -> Check:
             name,
             "fail",
             (
-                f"{peer_scratch} does not exist {doctor.VISIBILITY_TIMEOUT:g}s after {scratch} was "
-                "created: peer is not a second view of the same directory as path (check the mount "
-                "source and sub-path), so nothing about cross-client behaviour could be tested"
+                f"{peer_scratch} does not exist {settings.VISIBILITY_TIMEOUT:g}s after {scratch} "
+                "was created: peer is not a second view of the same directory as path (check the "
+                "mount source and sub-path), so nothing about cross-client behaviour could be "
+                "tested"
             ),
             True,
         )
@@ -107,7 +108,7 @@ def _check_peer(scratch: str, peer_scratch: str) -> Check:
             "fail",
             (
                 f"peer sees a directory named like the scratch directory, but not the file written "
-                f"into it through path within {doctor.VISIBILITY_TIMEOUT:g}s"
+                f"into it through path within {settings.VISIBILITY_TIMEOUT:g}s"
             ),
             True,
         )

@@ -24,29 +24,10 @@ from typing import Any
 
 import castore
 from castore import crashpoints
-from castore.lab import fakemodel, worker
+from castore.lab import worker
+from castore.lab.agent_steps import MAX_TURNS, PLAN, act_step, prompt, think_step, use_tool
 from castore.lab.fakemodel import FakeModel, Message, Reply
 from castore.lab.service import ServiceClient, ServiceError
-
-PLAN = castore.Plan.grow("agent")
-MAX_TURNS = 32  # a model that never answers is a bug, not a long task
-TOOL_FUNCTIONS: dict[str, Callable[[str], dict[str, Any]]] = {
-    "lookup": fakemodel.lookup,
-    "stock": fakemodel.stock,
-}
-
-
-def prompt(task: str) -> list[Message]:
-    """The conversation a task starts from."""
-    return [{"role": "user", "content": f"work through order {task} with the tools you have"}]
-
-
-def think_step(turn: int) -> str:
-    return f"think-{turn}"
-
-
-def act_step(turn: int, tool: str) -> str:
-    return f"act-{turn}-{tool}"
 
 
 def thinker(model: FakeModel) -> Callable[[str, str, list[Message]], Reply]:
@@ -58,13 +39,6 @@ def thinker(model: FakeModel) -> Callable[[str, str, list[Message]], Reply]:
         return reply
 
     return think
-
-
-def use_tool(tool: str, sku: str) -> dict[str, Any]:
-    """A plain tool call (journaled by run.call like the model's)."""
-    result = TOOL_FUNCTIONS[tool](sku)
-    crashpoints.reach("agent.tool_returned")
-    return {"tool": tool, **result}
 
 
 def sender(client: ServiceClient, op: str, args: dict[str, Any]) -> Callable[[str], str]:

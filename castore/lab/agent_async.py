@@ -14,7 +14,7 @@ from typing import Any
 import castore
 from castore import crashpoints
 from castore.aio import AsyncRun, AsyncStore
-from castore.lab.agent import MAX_TURNS, PLAN, act_step, prompt, think_step, use_tool
+from castore.lab.agent_steps import MAX_TURNS, PLAN, act_step, prompt, think_step, use_tool
 from castore.lab.fakemodel import FakeModel, Message, Reply
 from castore.lab.service import ServiceClient
 

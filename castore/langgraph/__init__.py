@@ -3,6 +3,9 @@ checkpointer whose every `put` is a durable castore commit, and `durable_tool`, 
 never run twice.
 
 `import castore` never loads this package; import it as `castore.langgraph`.
+
+May import: castore.store, castore.run and what is below them, castore.aio and the lab (its
+campaigns); it is the only importer of langgraph and langchain.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Three steps, each one a re-run repeats or skips (docs/FORMAT.md §18):
 1. verify the whole store as fsck does; any error and the store is left as it is;
 2. replace castore.json by the v2 marker (temp file, fsync, rename over, fsync of the root):
    the only write that changes the format, and it is atomic;
-3. seal each task's history (`castore.chain.seal.seal_task`, when this castore has it).
+3. seal each task's history (`castore.maintenance.sealing.seal_task`, when this castore has it).
 
 A v1 store is a valid v2 store once its marker says so: v2 reads v1 objects as they are, so
 step 2 needs to rewrite nothing, and a crash anywhere leaves a store that is v1 (nothing
@@ -129,12 +129,12 @@ def write_marker(root: str, version: int) -> None:
 
 
 def _seal_function() -> SealTask | None:
-    """`castore.chain.seal.seal_task` if this castore has it, else None (imported late: sealing
-    is optional to an upgrade, and nothing else here needs it)."""
+    """`castore.maintenance.sealing.seal_task` if this castore has it, else None (imported
+    late: sealing is optional to an upgrade, and nothing else here needs it)."""
     try:
-        module = importlib.import_module("castore.chain.seal")
+        module = importlib.import_module("castore.maintenance.sealing")
     except ModuleNotFoundError as exc:
-        if exc.name != "castore.chain.seal":
+        if exc.name != "castore.maintenance.sealing":
             raise  # castore.chain.seal exists but something it imports does not: a real error
         return None
     seal_task: SealTask | None = getattr(module, "seal_task", None)

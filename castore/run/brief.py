@@ -13,7 +13,7 @@ otherwise by reference. The token estimate is TOKEN_RULE of the whole text, that
 from __future__ import annotations
 
 import shlex
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 
@@ -27,9 +27,7 @@ from castore.format import codec, guard
 from castore.format.effects import NextAction, effect_action, span, when_text
 from castore.format.plans import head_digest
 from castore.format.records import EffectRecord, EffectState, TransitionKind
-
-if TYPE_CHECKING:
-    from castore.run.run import Run
+from castore.run.contract import RunView
 
 DEFAULT_BUDGET = 512  # tokens: at most 2,048 bytes of text
 # Below this the lines every brief has (clipped to their widths below) might not fit.
@@ -81,7 +79,7 @@ class Brief:
 
 
 def make_brief(
-    source: VerifiedChain | TaskView | Run,
+    source: VerifiedChain | TaskView | RunView,
     *,
     budget_tokens: int = DEFAULT_BUDGET,
     now_ms: int | None = None,
@@ -92,7 +90,8 @@ def make_brief(
     if isinstance(source, VerifiedChain):
         source = briefview.view_of_chain(source)
     elif not isinstance(source, TaskView):
-        return source.brief(budget_tokens=budget_tokens, now_ms=now_ms)
+        made: Brief = source.brief(budget_tokens=budget_tokens, now_ms=now_ms)
+        return made
     if type(budget_tokens) is not int or budget_tokens < MIN_BUDGET:
         raise UsageError(
             f"a brief's budget is a whole number of tokens, at least {MIN_BUDGET} (the lines "

@@ -29,7 +29,7 @@ from castore.format import codec
 from castore.format.effects import when_text
 from castore.format.records import EffectState, Snapshot, Transition, TransitionKind, Writer
 from castore.medium import fsio
-from castore.run.run import RunSettings, encode_snapshot
+from castore.run.settings import RunSettings, encode_snapshot
 
 # A forget that loses the link to a live writer tries again on the new HEAD this often.
 _TRIES = 3

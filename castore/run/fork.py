@@ -52,7 +52,8 @@ from castore.format.records import (
 )
 from castore.medium import fsio
 from castore.run.forget import as_v2, is_tombstone, refuse_forgotten
-from castore.run.run import Run, RunSettings, derive_key, derive_step_key, encode_snapshot
+from castore.run.run import Run
+from castore.run.settings import RunSettings, derive_key, derive_step_key, encode_snapshot
 
 TREE_VERSION = 2  # the header version of a tree object (format v2)
 

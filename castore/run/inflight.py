@@ -31,15 +31,13 @@ import socket
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 
 from castore.errors import StepInFlightError
 from castore.format.records import EffectRecord, EffectState, Snapshot, TransitionKind, Writer
-
-if TYPE_CHECKING:
-    from castore.run.run import Run
+from castore.run.contract import RunView
 
 PROC = "/proc"  # procfs, where a process's start time is read (a test points it elsewhere)
 # /proc/stat's boot time is in whole seconds: a start time computed from it is off by up to a
@@ -50,7 +48,7 @@ _LOOK_BACK = 64  # snapshots searched back from HEAD for the one that made a rec
 
 @attrs.frozen(eq=False)
 class _Entry:
-    owner: object  # the Run whose send or call it is
+    owner: object  # the RunView whose send or call it is
     where: str  # how the refusal names it
     job: Future[Any]
 
@@ -69,7 +67,7 @@ def _reset_after_fork() -> None:
 os.register_at_fork(after_in_child=_reset_after_fork)
 
 
-def _add(run: Run, step_id: str, where: str, job: Future[Any]) -> None:
+def _add(run: RunView, step_id: str, where: str, job: Future[Any]) -> None:
     key = (run.task_place, step_id)
     entry = _Entry(run, where, job)
     with _lock:
@@ -87,7 +85,7 @@ def _forget(key: tuple[str, str], entry: _Entry) -> None:
 
 
 @contextlib.contextmanager
-def sending(run: Run, step_id: str) -> Iterator[None]:
+def sending(run: RunView, step_id: str) -> Iterator[None]:
     """Step `step_id` of the run's task is being sent or called by `run` in this thread for
     as long as the block runs. Enter it before the SUBMITTED commit is linked."""
     job: Future[None] = Future()
@@ -100,7 +98,7 @@ def sending(run: Run, step_id: str) -> Iterator[None]:
         job.set_result(None)
 
 
-def hold(run: Run, step_id: str, job: Future[Any]) -> None:
+def hold(run: RunView, step_id: str, job: Future[Any]) -> None:
     """`job` runs step `step_id`'s send or call on in a pool thread, its awaiter gone: the
     step is in flight until `job` ends."""
     where = (
@@ -110,7 +108,7 @@ def hold(run: Run, step_id: str, job: Future[Any]) -> None:
     _add(run, step_id, where, job)
 
 
-def _held(run: Run, step_id: str | None) -> list[tuple[str, _Entry]]:
+def _held(run: RunView, step_id: str | None) -> list[tuple[str, _Entry]]:
     """(step, entry) of each send or call still running for `step_id` (any step if None)."""
     if not _running:  # the common case costs no lookup
         return []
@@ -124,13 +122,13 @@ def _held(run: Run, step_id: str | None) -> list[tuple[str, _Entry]]:
     return [(step, entry) for step, entry in held if not entry.job.done()]
 
 
-def running(run: Run, step_id: str | None = None) -> list[Future[Any]]:
+def running(run: RunView, step_id: str | None = None) -> list[Future[Any]]:
     """The jobs still running for step `step_id` of the run's task (for any step if None),
     in any run of this process: what castore.aio waits for before it acts on the step."""
     return [entry.job for _, entry in _held(run, step_id)]
 
 
-def after_sends(owner: Run, then: Callable[[], None]) -> None:
+def after_sends(owner: object, then: Callable[[], None]) -> None:
     """Call `then` once every send and call `owner` registered has ended: now, if none runs
     (its error raised here), else in the thread that ends the last one."""
     with _lock:
@@ -153,7 +151,7 @@ def after_sends(owner: Run, then: Callable[[], None]) -> None:
         job.add_done_callback(one_ended)
 
 
-def refuse(run: Run, step_id: str, doing: str) -> None:
+def refuse(run: RunView, step_id: str, doing: str) -> None:
     """StepInFlightError if a send or call of `step_id` may still be running: registered in
     this process, or the SUBMITTED record's submitter, another process of this host, runs."""
     held = _held(run, step_id)
@@ -169,7 +167,7 @@ def refuse(run: Run, step_id: str, doing: str) -> None:
     _refuse_if_submitter_runs(run, step_id, doing)
 
 
-def _refuse_if_submitter_runs(run: Run, step_id: str, doing: str) -> None:
+def _refuse_if_submitter_runs(run: RunView, step_id: str, doing: str) -> None:
     """StepInFlightError if HEAD's record of `step_id` is SUBMITTED by another process of
     this host that still runs (its send may too)."""
     record = run.head.effect(step_id)
@@ -190,7 +188,7 @@ def _refuse_if_submitter_runs(run: Run, step_id: str, doing: str) -> None:
         )
 
 
-def _submitter(run: Run, record: EffectRecord) -> Writer | None:
+def _submitter(run: RunView, record: EffectRecord) -> Writer | None:
     """The writer of the snapshot that made `record` (HEAD's) SUBMITTED: HEAD, or one before
     it that holds the same record (a seal or an override since); None if it is not found."""
     snapshot: Snapshot | None = run.head

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Generator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 
@@ -29,10 +29,7 @@ from castore.format import codec, guard
 from castore.format.digest import hash_bytes
 from castore.format.records import BlobRef
 from castore.run import inflight, protocol
-from castore.run.replay import Position
-
-if TYPE_CHECKING:
-    from castore.run.run import Run
+from castore.run.contract import Position, RunView
 
 # Larger results go to a blob: the snapshot stays small and under its budget (64 KiB).
 INLINE_RESULT_BYTES = 4096
@@ -95,7 +92,11 @@ def args_digest(args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
 
 
 def call_steps(
-    run: Run, step_id: str, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
+    run: RunView,
+    step_id: str,
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
 ) -> Generator[Invoke, Any, Any]:
     """The journaled call: the recorded result of a done step, else one `Invoke` and the
     commit of its result (durable before this returns). StepInFlightError while a call of it
@@ -115,7 +116,11 @@ def call_steps(
 
 
 def call(
-    run: Run, step_id: str, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
+    run: RunView,
+    step_id: str,
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
 ) -> Any:
     """Drive `call_steps` with a plain call of `fn` (the sync `Run.call`)."""
     if is_async(fn):
@@ -126,7 +131,7 @@ def call(
     return protocol.drive(call_steps(run, step_id, fn, args, kwargs), lambda _: fn(*args, **kwargs))
 
 
-def _replayed(run: Run, step_id: str, digest: str) -> bool:
+def _replayed(run: RunView, step_id: str, digest: str) -> bool:
     """True if the step is recorded (its result stands); refuse a call that cannot be the
     next step before the function runs, so nothing is paid for in vain.
 
@@ -162,7 +167,7 @@ def _replayed(run: Run, step_id: str, digest: str) -> bool:
     return False
 
 
-def _recorded(run: Run, step_id: str, result: Any, fields: tuple[str, ...]) -> tuple[Any, Any]:
+def _recorded(run: RunView, step_id: str, result: Any, fields: tuple[str, ...]) -> tuple[Any, Any]:
     """(what the step records, what the call returns) for `result`, after the payload rules;
     a blob or raw object is stored here, before the commit that names it."""
     if isinstance(result, _REFS):
@@ -193,7 +198,7 @@ def _recorded(run: Run, step_id: str, result: Any, fields: tuple[str, ...]) -> t
     return value, value
 
 
-def _guard(run: Run, step_id: str, value: Any, base: str, fields: tuple[str, ...]) -> None:
+def _guard(run: RunView, step_id: str, value: Any, base: str, fields: tuple[str, ...]) -> None:
     allow = [*run.allow_fields, *(base + f[1:] if f.startswith("$") else f for f in fields)]
     try:
         guard.refuse_secrets(value, allow, base)
@@ -206,7 +211,7 @@ def _guard(run: Run, step_id: str, value: Any, base: str, fields: tuple[str, ...
         ) from exc
 
 
-def _not_recorded(run: Run) -> str:
+def _not_recorded(run: RunView) -> str:
     """What a refused result leaves: nothing on a fixed plan; on a growing plan the step's
     decision, committed before the function ran, which pins the task to that step."""
     if not run.grows:
@@ -218,7 +223,7 @@ def _not_recorded(run: Run) -> str:
     )
 
 
-def _again(run: Run) -> str:
+def _again(run: RunView) -> str:
     """How the call is made again: the same code, never a value committed in its place."""
     if not run.grows:
         return "call it again"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Generator, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import attrs
 
@@ -31,10 +31,7 @@ from castore.format.effects import (
 )
 from castore.format.records import EffectRecord, EffectState, Transition, TransitionKind
 from castore.run import gate, inflight
-from castore.run.replay import Position
-
-if TYPE_CHECKING:
-    from castore.run.run import Run
+from castore.run.contract import Position, RunView
 
 _SENDABLE = (Action.SUBMIT, Action.RESUBMIT)
 _SETTLING = (Action.RECONCILE, Action.MARK_UNRESOLVED, Action.ESCALATE)
@@ -42,7 +39,7 @@ R = TypeVar("R")
 T = TypeVar("T")
 
 
-def next_action(run: Run, step_id: str | None) -> NextAction:
+def next_action(run: RunView, step_id: str | None) -> NextAction:
     """The one next action for a step, per the table in PROTOCOL.md."""
     frontier = run.head.frontier
     if step_id is None:
@@ -59,7 +56,7 @@ def next_action(run: Run, step_id: str | None) -> NextAction:
     return NextAction(Action.RUN, step_id, reason="a plain step: run it and commit its result")
 
 
-def _open_record(run: Run, step_id: str) -> EffectRecord:
+def _open_record(run: RunView, step_id: str) -> EffectRecord:
     record = run.head.effect(step_id)
     if record is None:
         raise UsageError(
@@ -69,7 +66,7 @@ def _open_record(run: Run, step_id: str) -> EffectRecord:
     return record
 
 
-def _replace(run: Run, new: EffectRecord | None, step_id: str) -> tuple[EffectRecord, ...]:
+def _replace(run: RunView, new: EffectRecord | None, step_id: str) -> tuple[EffectRecord, ...]:
     """HEAD's open effects with `step_id`'s record replaced by `new` (dropped if None)."""
     kept = tuple(r for r in run.head.effects if r.step != step_id)
     return kept if new is None else (*kept, new)
@@ -100,7 +97,7 @@ class Call:
     Of an effect that was already CONFIRMED on entry (`done`), `receipt` is the recorded
     receipt and `key`, `confirm` and `not_done` end the block before it sends again."""
 
-    def __init__(self, run: Run, record: EffectRecord, *, done: bool = False) -> None:
+    def __init__(self, run: RunView, record: EffectRecord, *, done: bool = False) -> None:
         self.run = run
         self.step = record.step
         self._key: str = record.key or ""
@@ -154,7 +151,7 @@ class Call:
         return snapshot_id
 
 
-def _ready(run: Run, step_id: str, service: Service) -> NextAction:
+def _ready(run: RunView, step_id: str, service: Service) -> NextAction:
     """The effect's next action once the rows that do not send are applied (what settle
     does): submit, resubmit or skip; OutcomeUnknownError for an outcome nobody knows."""
     action = next_action(run, step_id)
@@ -168,7 +165,7 @@ def _ready(run: Run, step_id: str, service: Service) -> NextAction:
 
 
 @contextlib.contextmanager
-def effect(run: Run, step_id: str, service: Service, key: str | None) -> Iterator[Call]:
+def effect(run: RunView, step_id: str, service: Service, key: str | None) -> Iterator[Call]:
     """Apply the effect's next action (a rerun after a crash or an exception in the block
     reconciles, resubmits or escalates first), then commit SUBMITTED (the claim to send),
     yield the call and check it was settled. An effect that is CONFIRMED by then yields a
@@ -223,7 +220,7 @@ def _ask(service: Service, key: str) -> Reconciled:
     return answer
 
 
-def reconcile(run: Run, step_id: str, service: Service) -> NextAction:
+def reconcile(run: RunView, step_id: str, service: Service) -> NextAction:
     """Look an in-flight effect up by key and commit what the service says."""
     inflight.refuse(run, step_id, f"reconciling effect {step_id!r}")
     record = _open_record(run, step_id)
@@ -249,21 +246,21 @@ def reconcile(run: Run, step_id: str, service: Service) -> NextAction:
     return next_action(run, step_id)
 
 
-def _mark_unresolved(run: Run, record: EffectRecord, why: str) -> None:
+def _mark_unresolved(run: RunView, record: EffectRecord, why: str) -> None:
     new = moved_record(record, EffectState.UNRESOLVED, run.now_ms(), why)
     run.advance(
         _transition(record, EffectState.UNRESOLVED, why=why), _replace(run, new, record.step)
     )
 
 
-def _verify_environment(run: Run) -> None:
+def _verify_environment(run: RunView) -> None:
     """The deferred gate check: nothing in flight explains a difference any more."""
     if run.env_unverified and not gate.in_flight(run.head):
         gate.check_environment(run.task_id, run.head, run.live_env())
         run.env_unverified = False
 
 
-def settle(run: Run, service: Service) -> NextAction:
+def settle(run: RunView, service: Service) -> NextAction:
     """Apply the non-sending rows of the table to the frontier effect; return what is left."""
     action = next_action(run, None)
     if action.step is not None and action.action in _SETTLING:
@@ -287,7 +284,7 @@ class Send:
 
 
 def perform_steps(
-    run: Run, step_id: str, service: Service, key: str | None
+    run: RunView, step_id: str, service: Service, key: str | None
 ) -> Generator[Send, str, str]:
     """Drive one effect to CONFIRMED per the next-action table, yielding one `Send` where
     the request must go out; returns the receipt. The one implementation of perform: the
@@ -304,21 +301,21 @@ def perform_steps(
     return call.receipt or ""
 
 
-def replay_effect(run: Run, step_id: str) -> Position | None:
+def replay_effect(run: RunView, step_id: str) -> Position | None:
     """`run.at(step, effect=True)` on a growing plan (None on a fixed one, whose effects
     are planned already): checked against the record on a replay, else decided."""
     return run.at(step_id, effect=True) if run.grows else None
 
 
 def perform(
-    run: Run, step_id: str, service: Service, send: Callable[[str], str], key: str | None
+    run: RunView, step_id: str, service: Service, send: Callable[[str], str], key: str | None
 ) -> str:
     """Drive one effect to CONFIRMED per the next-action table; returns its receipt."""
     return drive(perform_steps(run, step_id, service, key), lambda request: send(request.key))
 
 
 def drive(steps: Generator[R, Any, T], answer: Callable[[R], Any]) -> T:
-    """Run a step generator to its end, answering each request with `answer`; a failure in
+    """RunView a step generator to its end, answering each request with `answer`; a failure in
     `answer` closes the generator (its `finally` and context managers run) and propagates."""
     try:
         request = next(steps)

@@ -11,24 +11,14 @@ The DONE path costs one outcome look-up; only an error or a look-back reads hist
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from castore import crashpoints
 from castore.errors import ReplayDriftError, UsageError
 from castore.format.plans import validate_step_id
 from castore.format.records import Frontier, Snapshot, Step, Transition, TransitionKind
-
-if TYPE_CHECKING:
-    from castore.run.run import Run
-
-
-class Position(enum.Enum):
-    """What `run.at` found at the cursor."""
-
-    DONE = "done"  # recorded: its outcome stands; do not do the work again
-    PENDING = "pending"  # decided, not done: do the work and commit it
+from castore.run.contract import Position, RunView
 
 
 def _kind(effect: bool) -> str:
@@ -38,7 +28,7 @@ def _kind(effect: bool) -> str:
 class Replay:
     """The cursor of one run (a run's `at`, `append` and `finish` are implemented here)."""
 
-    def __init__(self, run: Run) -> None:
+    def __init__(self, run: RunView) -> None:
         self._run = run
         self.cursor = 0
 

@@ -19,7 +19,8 @@ from castore.format.records import (
     TransitionKind,
 )
 from castore.run import gate, inflight
-from castore.run.run import Run, planned_record
+from castore.run.run import Run
+from castore.run.settings import planned_record
 
 
 def default_actor() -> str:

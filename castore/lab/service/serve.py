@@ -9,17 +9,21 @@ import threading
 from pathlib import Path
 from types import FrameType
 
-from castore.lab import service as package  # only for its docstring, the --help text
 from castore.lab.service.ledger import Ledger
 from castore.lab.service.modes import Service
 from castore.lab.service.server import Server
 from castore.lab.service.wire import MODES
 
+DESCRIPTION = (
+    "A fake remote service with its own durable ledger (the outside world of castore's crash "
+    "campaigns): it applies operations and appends each to a JSON-lines ledger, fsynced before "
+    "the answer. Modes: idempotent (dedupe by key within a retention window), lookup (no "
+    "dedupe; GET /lookup answers a key's first receipt), none."
+)
+
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m castore.lab.service", description=package.__doc__
-    )
+    parser = argparse.ArgumentParser(prog="python -m castore.lab.service", description=DESCRIPTION)
     parser.add_argument("--ledger", required=True, type=Path, help="JSON-lines ledger file")
     parser.add_argument("--mode", required=True, choices=MODES)
     parser.add_argument("--retention", type=float, default=86400.0, help="dedupe window, seconds")

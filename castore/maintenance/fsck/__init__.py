@@ -6,6 +6,9 @@ of the chain and as the snapshot object it is (the same inode), and each plan or
 chain names is checked where its id says it lives. Meanwhile this process lists objects/;
 then it checks directly whatever the task pass did not cover, and reports what no task
 refers to.
+
+May import: castore.store and what is below it (it reads the store's files itself, never
+through a writer's code path, and writes nothing but with --quarantine).
 """
 
 from __future__ import annotations

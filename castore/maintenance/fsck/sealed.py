@@ -5,7 +5,7 @@ Read-only; each pack's own contents are checked as an object (packcheck.py)."""
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import attrs
 
@@ -24,11 +24,23 @@ from castore.format.layout import (
 )
 from castore.format.links import check_anchor, check_history, check_link, decode_snapshot
 from castore.format.records import Sealed, Snapshot
+from castore.maintenance.fsck.named import NamedObjects
 from castore.maintenance.fsck.packcheck import PackFacts
 from castore.medium.fsio import read_regular
 
-if TYPE_CHECKING:
-    from castore.maintenance.fsck.tasks import TaskCheck
+
+class TaskCheck(Protocol):
+    """What the sealed-history checks need of the task being checked (tasks.TaskCheck)."""
+
+    root: str
+    rel: str
+    task_id: str
+    named: NamedObjects
+    refs: set[str]
+
+    def add(self, code: str, relpath: str, message: str, object_id: str | None = None) -> None: ...
+
+    def slot_relpath(self, seq: int) -> str: ...
 
 
 def read_mark(task_id: str, path: str) -> Mark | None:
