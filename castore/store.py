@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Iterator
 from typing import Any
 
-from castore.chain import briefview, sealmark, status, storeinit, trees
+from castore.chain import briefview, sealmark, status
+from castore.chain.marker import open_marker
 from castore.chain.objects import ObjectStore
 from castore.chain.outcomes import Outcomes
 from castore.chain.packwalk import read_pack
 from castore.chain.refs import TaskSlots
 from castore.chain.seal import SEAL_EVERY
 from castore.chain.status import TaskStatus
-from castore.chain.trees import RawRef, Tree, TreeRef
+from castore.chain.values import Values
 from castore.chain.verify import (
     VerifiedChain,
     decode_snapshot,
@@ -25,27 +25,36 @@ from castore.chain.verify import (
 )
 from castore.errors import (
     ConflictError,
-    EncodingError,
     ForkError,
     FormatVersionError,
     IntegrityError,
-    ObjectCorruptError,
     StoreExistsError,
-    StoreIOError,
-    StoreNotFoundError,
     TaskExistsError,
     TaskNotFoundError,
-    UnsafeFileError,
     UsageError,
 )
 from castore.format import codec
 from castore.format.digest import hash_bytes
-from castore.format.guard import DEFAULT_SNAPSHOT_BUDGET, refuse_secrets
-from castore.format.layout import CHAIN_DIR, Layout, decode_task_id, slot_name
-from castore.format.plans import plan_bytes, validate_plan
+from castore.format.guard import DEFAULT_SNAPSHOT_BUDGET
+from castore.format.layout import (
+    CHAIN_DIR,
+    MARKER_KEY,
+    OBJECTS_DIR,
+    TASKS_DIR,
+    Layout,
+    decode_task_id,
+    lock_key,
+    slot_name,
+    task_key,
+)
+from castore.format.marker import marker_bytes
 from castore.format.plans import plan_id as plan_digest
-from castore.format.records import BlobRef, Plan, Snapshot
-from castore.medium import fsio
+from castore.format.plans import validate_plan
+from castore.format.records import Plan, Snapshot
+from castore.medium import oserrors
+from castore.medium.base import Medium
+from castore.medium.posix import PosixMedium
+from castore.medium.select import open_medium
 from castore.medium.tasklock import TaskLock
 from castore.run import brief, forget, fork, gate, resolution
 from castore.run.forget import Forgotten
@@ -61,45 +70,50 @@ from castore.run.settings import (
     wall_clock_ms,
 )
 
-MARKER = storeinit.MARKER
 DEFAULT_LOCK_TIMEOUT = 10.0
 FIRST_SLOT = slot_name(0)
-_HEIGHTS_KEPT = 1 << 16  # tree heights remembered by one Store (put_tree's depth check)
 
 
-@fsio.translating_methods  # no OSError leaves the public API: a castore error names the path
-class Store:
-    """One store directory. Open it with `Store.open` or create it with `Store.init`."""
+@oserrors.translating_methods  # no OSError leaves the public API: a castore error names the path
+class Store(Values):
+    """One store: a directory, or an s3:// bucket prefix. Open it with `Store.open` or create
+    it with `Store.init`."""
 
     def __init__(
         self,
-        root: str | os.PathLike[str],
+        root: str | os.PathLike[str] | Medium,
         *,
         snapshot_budget: int = DEFAULT_SNAPSHOT_BUDGET,
         clock: Clock = wall_clock_ms,
+        **medium_options: Any,
     ) -> None:
-        self.layout = Layout(root)
-        self.root = self.layout.root
-        self.objects = ObjectStore(self.layout)
+        self.medium = open_medium(root, **medium_options)
+        self.root = self.medium.url
+        # The path arithmetic of a store in a directory (POSIX tools: fsck, gc, watch).
+        self.layout = Layout(self.root) if isinstance(self.medium, PosixMedium) else None
+        self.objects = ObjectStore(self.medium)
         self._budget = snapshot_budget
         self._clock = clock
         self._heights: dict[str, int] = {}
-        self._check_marker()
+        # A v1 store is read and written as v1 until `castore upgrade` (FORMAT.md §18).
+        self.format_version: int = open_marker(self.medium)
+        self.objects.snapshot_names_durable = self.format_version < 2
 
     @classmethod
     def unmarked(cls, root: str | os.PathLike[str]) -> Store:
         """The store at `root` without its marker checked: for fsck to look at a store whose
         marker is missing or empty (never to write to)."""
         store = cls.__new__(cls)
-        store.layout = Layout(root)
-        store.root = store.layout.root
-        store.objects = ObjectStore(store.layout)
+        store.medium = open_medium(root)
+        store.root = store.medium.url
+        store.layout = Layout(store.root) if isinstance(store.medium, PosixMedium) else None
+        store.objects = ObjectStore(store.medium)
         store._budget = DEFAULT_SNAPSHOT_BUDGET
         store._clock = wall_clock_ms
         store._heights = {}
         store.format_version = codec.FORMAT_VERSION  # never written to: nothing depends on it
-        for directory in (store.layout.objects, store.layout.tasks):
-            fsio.require_real_directory(directory)
+        for directory in (OBJECTS_DIR, TASKS_DIR):
+            store.medium.require_dir(directory)
         return store
 
     # -- creating and opening --------------------------------------------------------------
@@ -107,111 +121,27 @@ class Store:
     def init(cls, root: str | os.PathLike[str], **options: Any) -> Store:
         """Create a new, empty store at `root`: a path that does not exist, an empty
         directory, or what an interrupted init left there (which init completes)."""
-        layout = Layout(root)
-        if os.path.islink(layout.root):
-            raise StoreExistsError(layout.root)
-        found = storeinit.leftovers_only(layout.root)
+        medium = open_medium(root, **_medium_options(options))
+        found = medium.interrupted_init()  # a symlink in the store's place included
         if found is not None:
-            raise StoreExistsError(layout.root, found)
-        storeinit.build(layout)
-        return cls(layout.root, **options)
+            raise StoreExistsError(medium.url, found)
+        medium.init_store(marker_bytes())
+        return cls(medium, **options)
 
     @classmethod
     def open(cls, root: str | os.PathLike[str], *, create: bool = False, **options: Any) -> Store:
         """Open the store at `root`; with `create=True`, create it first if absent (or
         complete what an interrupted init left). Any number of processes may do this at once."""
-        layout = Layout(root)
-        # Anything else in the directory, and it is not ours to adopt: the open below says
-        # what it is. (A store another process completed meanwhile has its marker.)
+        medium = open_medium(root, **_medium_options(options))
+        # Anything else there, and it is not ours to adopt: the open below says what it is.
+        # (A store another process completed meanwhile has its marker.)
         if (
             create
-            and not os.path.lexists(layout.marker)
-            and not os.path.islink(layout.root)
-            and storeinit.leftovers_only(layout.root) is None
+            and not medium.exists(MARKER_KEY)
+            and medium.interrupted_init() is None
         ):
-            storeinit.build(layout)
-        return cls(root, **options)
-
-    def _check_marker(self) -> None:
-        try:
-            data = fsio.read_regular(self.layout.marker)
-        except FileNotFoundError:
-            raise self._no_marker("") from None
-        except StoreIOError as exc:
-            if exc.errno != errno.ENOTDIR:
-                raise
-            what = "it is a file, not a directory" if os.path.isfile(self.root) else None
-            raise StoreNotFoundError(
-                self.root,
-                what or "a component of it is not a directory",
-                "give the path of a store directory",
-            ) from None
-        except UnsafeFileError as exc:
-            raise StoreNotFoundError(self.root, f"{self.layout.marker} is a {exc.found}") from None
-        except OSError as exc:
-            raise StoreIOError(self.layout.marker, "reading the store marker", exc) from exc
-        # A symlinked directory inside the store would let commits write outside it.
-        for directory in (self.layout.objects, self.layout.tasks):
-            try:
-                fsio.require_real_directory(directory)
-            except UnsafeFileError:
-                raise
-            except OSError as exc:
-                raise StoreIOError(directory, "looking at", exc) from exc
-        if not data:
-            raise self._no_marker(f"{self.layout.marker} is empty")
-        try:
-            marker = codec.decode_value(data)
-        except ValueError:
-            raise StoreNotFoundError(self.root, f"{self.layout.marker} is not castore's") from None
-        if not isinstance(marker, dict) or marker.get("format") != "castore":
-            raise StoreNotFoundError(self.root, f"{self.layout.marker} is not castore's")
-        version = marker.get("version")
-        # type(): a JSON `true` equals 1 in Python, and is no version.
-        if type(version) is not int or version not in codec.SUPPORTED_VERSIONS:
-            raise FormatVersionError(self.layout.marker, version, codec.SUPPORTED_VERSIONS)
-        # A v1 store is read and written as v1 until `castore upgrade` (FORMAT.md §18).
-        self.format_version: int = version
-        self.objects.snapshot_names_durable = version < 2
-
-    def _no_marker(self, empty: str) -> StoreNotFoundError:
-        """What a directory without a (usable) marker is, and what to do about it."""
-        root = self.root
-        if not os.path.isdir(root) or not storeinit.listdir(root):
-            return StoreNotFoundError(root)  # nothing there yet: init makes a store of it
-        found = storeinit.leftovers_only(root, but_marker=bool(empty))
-        if empty and found is None:
-            # Only the empty marker beside init's directories: not written by castore.
-            return StoreNotFoundError(
-                root,
-                f"{empty}, and nothing else is there but empty directories",
-                f"remove {self.layout.marker}, then `castore init {root}` completes the store",
-            )
-        if found is None:
-            return StoreNotFoundError(
-                root,
-                "an interrupted `castore init`: no castore.json yet, only the empty "
-                "directories init makes",
-                f"`castore init {root}` (or Store.open(..., create=True)) completes it",
-            )
-        objects, tasks = storeinit.content_counts(root)
-        if objects or tasks:
-            what = empty or f"{self.layout.marker} is missing"
-            return StoreNotFoundError(
-                root,
-                f"{what}, but objects/ holds {objects} file(s) and tasks/ {tasks} task(s): "
-                "the marker was deleted or damaged",
-                "if this is a castore store, restore castore.json from a backup (its 33 bytes "
-                'are {"format":"castore","version":2} and a newline, or 1 for a store older '
-                "than castore 0.2, docs/FORMAT.md §3), then "
-                f"run `castore fsck {root}`; `castore fsck` shows what is there meanwhile",
-            )
-        return StoreNotFoundError(
-            root,
-            empty or f"the directory is not empty: {found}",
-            "castore init needs a new or empty directory; choose another path, or point "
-            "--store / $CASTORE_STORE at an existing store",
-        )
+            medium.init_store(marker_bytes())
+        return cls(medium, **options)
 
     # -- tasks -------------------------------------------------------------------------------
     def start(
@@ -232,11 +162,11 @@ class Store:
         head = initial_snapshot(task_id, plan, plan_digest(plan), settings)
         data = encode_snapshot(head, settings)
         plan_id = self.put_plan(plan)
-        if os.path.isdir(slots.directory):
+        if self.medium.exists(slots.chain_key):
             # A forgotten task whose history gc reclaimed has no slot 0 to conflict on.
             forget.refuse_forgotten(slots)
-        fsio.make_dir_durable(self.layout.task_dir(task_id))
-        fsio.make_dir_durable(slots.directory)
+        self.medium.make_dir(slots.task_key)
+        self.medium.make_dir(slots.chain_key)
         with self._locked(task_id, lock_timeout) as lock:
             try:
                 head_id = slots.commit(data, 0, "<none: new task>", (plan_id,))
@@ -299,12 +229,21 @@ class Store:
         not_done: bool = False,
         reason: str | None = None,
         who: str | None = None,
+        submitter_ended: bool = False,
     ) -> str:
         """A person's decision on an in-flight effect, recorded as its own snapshot (who, why):
-        CONFIRMED with `receipt`, or NOT_DONE (`not_done=True`, `reason` required)."""
+        CONFIRMED with `receipt`, or NOT_DONE (`not_done=True`, `reason` required; refused
+        while the live process of this host that submitted it may still be sending, unless
+        `submitter_ended`: you know its send ended)."""
         with self._decision_run(task_id, keep_env=True) as run:
             return resolution.resolve(
-                run, step_id, receipt=receipt, not_done=not_done, reason=reason, who=who
+                run,
+                step_id,
+                receipt=receipt,
+                not_done=not_done,
+                reason=reason,
+                who=who,
+                submitter_ended=submitter_ended,
             )
 
     def override(
@@ -462,16 +401,6 @@ class Store:
         if plan.grows:
             self._require_v2(f"a growing plan ({plan.name!r})")
 
-    def _require_v2(self, verb: str) -> None:
-        """A v1 store is written as v1 until it is upgraded: nothing v2-only (a raw or tree
-        object, a tombstone, a fork) goes into it, so every reader of it still reads it all."""
-        if self.format_version < 2:
-            raise UsageError(
-                f"{verb} writes format-2 records, and {self.root} is a "
-                f"format-{self.format_version} store; run `castore upgrade {self.root}` first "
-                "(a castore that reads only format 1 then refuses the store)"
-            )
-
     def _verify_live(
         self,
         slots: TaskSlots,
@@ -499,7 +428,7 @@ class Store:
         """Every started task's id, sorted (an interrupted start, without slot 0, is fsck's
         `no-chain` warning, not a task)."""
         try:
-            names = os.listdir(self.layout.tasks)
+            names = self.medium.names(TASKS_DIR)
         except FileNotFoundError:
             return []
         found = []
@@ -510,10 +439,11 @@ class Store:
                 continue  # not castore's: fsck reports it
             # From the name decode_task_id checked (status pays for each id once, not thrice).
             # Slot 0 of a long task may be pruned: its sealed mark then says it started.
-            task_dir = os.path.join(self.layout.tasks, name)
-            if os.path.lexists(
-                os.path.join(task_dir, CHAIN_DIR, FIRST_SLOT)
-            ) or sealmark.started_by_mark(task_dir):
+            task = f"{TASKS_DIR}/{name}"
+            if (
+                self.medium.exists(f"{task}/{CHAIN_DIR}/{FIRST_SLOT}")
+                or sealmark.TaskMarks(self.medium, task_id, task).started()
+            ):
                 found.append(task_id)
         return sorted(found)
 
@@ -529,125 +459,11 @@ class Store:
             ]
         return found
 
-    # -- objects -----------------------------------------------------------------------------
-    def put_plan(self, plan: Plan) -> str:
-        """Store a plan object (after validating it); return its id, the plan digest."""
-        validate_plan(plan)
-        refuse_secrets(codec.to_builtins(plan))
-        return self.objects.put_framed(plan_bytes(plan))
-
-    def put_blob(self, value: Any, *, allow_fields: Collection[str] = ()) -> BlobRef:
-        """Store a large result as a blob; record the returned BlobRef in its place."""
-        codec.check_depth(value)  # before the secret scan, which recurses
-        refuse_secrets(value, allow_fields)
-        return BlobRef(self.objects.put("blob", codec.encode_value(value)))
-
-    def get_blob(self, ref: BlobRef | str) -> Any:
-        """The value of a blob, verified."""
-        blob_id = ref.blob if isinstance(ref, BlobRef) else ref
-        try:
-            return codec.decode_value(self.objects.get(blob_id, "blob"))
-        except ValueError as exc:  # hash-valid but not a value castore writes (too deep, ...)
-            raise ObjectCorruptError(blob_id, self.objects.path(blob_id), str(exc)) from exc
-
-    def batch(self) -> contextlib.AbstractContextManager[None]:
-        """Objects put in this thread inside the block (put_blob, put_raw, put_tree) are
-        published together when it ends: two flushes for all of them instead of two each,
-        on filesystems whose flushes castore shares (FORMAT.md 9.2; elsewhere each put
-        publishes itself). Commit only after the block: until it ends nothing is named.
-
-            with store.batch():
-                parts = {name: store.put_raw(body) for name, body in bodies.items()}
-                tree = store.put_tree(parts)
-            run.commit_step("save", tree)
-        """
-        return self.objects.batch()
-
-    def put_raw(self, data: bytes) -> RawRef:
-        """Store bytes verbatim (serialized framework state, an encrypted payload) as one raw
-        object; record the returned RawRef as a step's result or name it in a tree.
-
-        The secret guard cannot look inside: bytes have no fields to judge and may be
-        compressed or encrypted, so a credential in them is stored as it is. Encrypt what
-        must not be at rest in the store."""
-        framed = trees.raw_bytes(data)
-        self._require_v2("put_raw")
-        return RawRef(self.objects.put_framed(framed))
-
-    def get_raw(self, ref: RawRef | str) -> bytes:
-        """The bytes of a raw object, verified."""
-        return self.objects.get(trees.ref_id(ref), "raw")
-
-    def put_tree(
-        self,
-        refs: Mapping[str, trees.Ref | str],
-        data: Any = None,
-        *,
-        allow_fields: Collection[str] = (),
-    ) -> TreeRef:
-        """Store a tree: `refs` names its parts (blobs, raw objects, trees) by name, `data`
-        is any value. gc keeps and fsck checks every part a committed tree names. Each part
-        must be stored already (UsageError otherwise) and is made young again, as storing it
-        again would. `data` and the part names pass the secret guard, as a blob does."""
-        tree = trees.tree_of(refs, data)
-        codec.check_depth(data)  # before the secret scan, which recurses
-        refuse_secrets(data, allow_fields, "$.data")
-        refuse_secrets(list(tree.refs), allow_fields, "$.refs")  # names as text: a token?
-        framed = trees.tree_bytes(tree)
-        self._require_v2("put_tree")
-        tallest = 0
-        for name, part in sorted(tree.refs.items()):
-            kind = self.objects.kind_of(part)
-            # A part put in this thread's open batch is named once the batch ends (batch()).
-            fresh = self.objects.pending(part) is not None
-            if kind not in trees.PART_KINDS or not (
-                fresh or fsio.refresh_mtime(self.objects.path(part))
-            ):
-                found = "no such object" if kind is None else f"a {kind}"
-                raise UsageError(
-                    f"part {name!r} of the tree names {part}: {found} in {self.root}; store "
-                    "it first with put_blob, put_raw or put_tree and name what they return"
-                )
-            if kind == "tree":
-                tallest = max(tallest, self._tree_height(part))
-        if tallest >= trees.MAX_TREE_DEPTH:
-            raise EncodingError(
-                "$.refs",
-                f"the tree would nest {tallest + 1} trees deep (castore's limit is "
-                f"{trees.MAX_TREE_DEPTH})",
-                "name the parts of the deep trees from a flatter tree",
-            )
-        return TreeRef(self.objects.put_framed(framed))
-
-    def get_tree(self, ref: TreeRef | str) -> Tree:
-        """The record of a tree object, verified: its `data` and `refs` (name -> id)."""
-        tree_id = trees.ref_id(ref)
-        body = self.objects.get(tree_id, "tree")
-        try:
-            return trees.decode_tree(body)
-        except ValueError as exc:  # hash-valid but not a tree castore writes
-            raise ObjectCorruptError(tree_id, self.objects.path(tree_id), str(exc)) from exc
-
-    def _tree_height(self, tree_id: str) -> int:
-        """How many trees deep a stored tree nests (memoised: an id's height never changes)."""
-
-        def tree_children(parent: str) -> list[str]:
-            refs = self.get_tree(parent).refs.values()
-            return [part for part in refs if self.objects.kind_of(part) == "tree"]
-
-        if len(self._heights) > _HEIGHTS_KEPT:
-            self._heights.clear()
-        try:
-            return trees.height(tree_id, tree_children, self._heights)
-        except ValueError as exc:
-            path = self.objects.path(tree_id)
-            raise ObjectCorruptError(tree_id, path, str(exc)) from exc
-
     def _slots(self, task_id: str) -> TaskSlots:
-        slots = TaskSlots(self.layout, self.objects, task_id)
-        # One lstat each (status calls this per task): absent is fine, a symlink is refused.
-        for directory in (os.path.dirname(slots.directory), slots.directory):
-            fsio.require_real_directory(directory)
+        slots = TaskSlots(self.medium, self.objects, task_id)
+        # One lookup each (status calls this per task): absent is fine, a symlink is refused.
+        for directory in (slots.task_key, slots.chain_key):
+            self.medium.require_dir(directory)
         return slots
 
     @contextlib.contextmanager
@@ -656,12 +472,19 @@ class Store:
         fails, handed over to the Run if it succeeds. None without a lock (timeout None, no
         task directory yet, or a filesystem without flock)."""
         lock = None
-        if timeout is not None and os.path.isdir(self.layout.task_dir(task_id)):
-            lock = TaskLock(self.layout.lock_path(task_id), task_id)
-            lock = lock if lock.acquire(timeout) else None
+        if timeout is not None and self.medium.exists(task_key(task_id)):
+            lock = self.medium.lock(lock_key(task_id), task_id, timeout)
         try:
             yield lock
         except BaseException:
             if lock is not None:
                 lock.release()
             raise
+
+
+_STORE_OPTIONS = frozenset({"snapshot_budget", "clock"})
+
+
+def _medium_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The options of `Store.open`/`init` that are the medium's (an s3:// store's client)."""
+    return {k: v for k, v in options.items() if k not in _STORE_OPTIONS}

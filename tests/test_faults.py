@@ -29,7 +29,7 @@ import castore
 from castore.format.digest import hash_bytes
 from castore.format.layout import is_object_name, parse_slot_name, parse_temp_name
 from castore.maintenance.fsck import Severity, check_store
-from castore.medium import fsio
+from castore.medium import fsio, fsread
 
 PLAN = castore.Plan.build("faults", *[f"s{i}" for i in range(8)])
 TASK = "fault/1"
@@ -150,9 +150,11 @@ class FaultyOS:
 
 @pytest.fixture
 def faulty(monkeypatch: pytest.MonkeyPatch) -> FaultyOS:
-    """castore.medium.fsio's `os`, recording calls; arm a Fault with `faulty.arm(...)`."""
+    """The `os` of the POSIX medium's file I/O (castore.medium.fsio, which writes, and
+    fsread, which reads), recording calls; arm a Fault with `faulty.arm(...)`."""
     fake = FaultyOS()
     monkeypatch.setattr(fsio, "os", fake)
+    monkeypatch.setattr(fsread, "os", fake)
     return fake
 
 

@@ -326,7 +326,7 @@ def forge(
         fields["time_ms"] = clock_ms
     snapshot = attrs.evolve(head, **{**fields, **changes})
     data = encode_snapshot(snapshot, RunSettings())
-    slots = TaskSlots(store.layout, store.objects, task)
+    slots = TaskSlots(store.medium, store.objects, task)
     return slots.commit(data, snapshot.seq, head_id), snapshot.seq
 
 

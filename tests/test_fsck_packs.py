@@ -38,7 +38,7 @@ def start(store: castore.Store, task: str = "t", steps: int = 6, salt: str = "")
 
 
 def slots_of(store: castore.Store, task: str) -> TaskSlots:
-    return TaskSlots(store.layout, store.objects, task)
+    return TaskSlots(store.medium, store.objects, task)
 
 
 def head(store: castore.Store, task: str) -> tuple[str, castore.Snapshot, int]:

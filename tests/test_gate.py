@@ -31,7 +31,7 @@ def forge(
     data = encode_snapshot(snapshot, RunSettings())
     if header is not None:
         data = header + data[data.index(b" snapshot ") :]
-    return TaskSlots(store.layout, store.objects, task).commit(data, snapshot.seq, chain.head_id)
+    return TaskSlots(store.medium, store.objects, task).commit(data, snapshot.seq, chain.head_id)
 
 
 def forge_root(store: castore.Store, **changes: Any) -> str:
@@ -40,7 +40,7 @@ def forge_root(store: castore.Store, **changes: Any) -> str:
     (a successor doing so is refused as an illegal history first; tests/test_history.py)."""
     plan_id = store.put_plan(PLAN)
     snapshot = attrs.evolve(initial_snapshot(TASK, PLAN, plan_id, RunSettings()), **changes)
-    slots = TaskSlots(store.layout, store.objects, TASK)
+    slots = TaskSlots(store.medium, store.objects, TASK)
     os.makedirs(slots.directory)
     return slots.commit(encode_snapshot(snapshot, RunSettings()), 0, "<none: new task>")
 
@@ -83,7 +83,7 @@ def test_missing_snapshot_object_is_a_chain_error(store: castore.Store) -> None:
     cannot stand for a lost name): ChainError saying it is missing."""
     ids = three_snapshots(store)
     os.unlink(store.objects.path(ids[0]))
-    rewrite(Path(TaskSlots(store.layout, store.objects, TASK).path(0)), flip_bit)
+    rewrite(Path(TaskSlots(store.medium, store.objects, TASK).path(0)), flip_bit)
     with pytest.raises(castore.ChainError) as caught:
         store.resume(TASK, PLAN)
     assert "is missing" in str(caught.value)
@@ -97,7 +97,7 @@ def test_snapshot_of_another_task_spliced_in_is_a_chain_error(store: castore.Sto
         run.commit_step("fetch", [1, 2, 3])
         run.perform("pay", NEITHER, lambda key: "rcpt-1")  # seq 2 is its SUBMITTED commit
     foreign_id = store.history("other")[1][0]
-    slots = TaskSlots(store.layout, store.objects, TASK)
+    slots = TaskSlots(store.medium, store.objects, TASK)
     os.unlink(slots.path(2))  # HEAD of TASK, replaced by the other task's snapshot 2
     os.link(store.objects.path(foreign_id), slots.path(2))
     with pytest.raises(castore.ChainError) as caught:

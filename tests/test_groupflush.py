@@ -174,7 +174,7 @@ def test_eight_threads_share_flushes_and_every_commit_is_in_its_chain(tmp_path: 
         store.start(f"agent-{n}", castore.Plan.build("p", *(f"s{i}" for i in range(steps))))
         for n in range(8)
     ]
-    flush = store.objects.flush
+    flush = store.medium.flush
     before = flush.precise + flush.rounds
     threads = [threading.Thread(target=_committer, args=(run, steps)) for run in runs]
     for thread in threads:
@@ -205,7 +205,7 @@ def test_asyncio_agents_share_rounds(tmp_path: Path) -> None:
                     await run.commit_step(f"s{i}", {"i": i})
 
             await asyncio.gather(*(agent(run) for run in runs))
-            flush = (await astore.store()).objects.flush
+            flush = (await astore.store()).medium.flush
             return flush.rounds, flush.precise
 
     rounds, precise = asyncio.run(main())

@@ -48,7 +48,7 @@ def forge(store: castore.Store, **changes: Any) -> tuple[str, int]:
     chain = store.verify(TASK)
     snapshot = attrs.evolve(chain.head, seq=chain.head.seq + 1, parent=chain.head_id, **changes)
     data = encode_snapshot(snapshot, RunSettings())
-    slots = TaskSlots(store.layout, store.objects, TASK)
+    slots = TaskSlots(store.medium, store.objects, TASK)
     return slots.commit(data, snapshot.seq, chain.head_id), snapshot.seq
 
 
@@ -175,7 +175,7 @@ def test_a_decision_on_a_forged_history_is_refused_too(
 ) -> None:
     """resolve and override verify the same chain: no decision is recorded on a forgery."""
     forge(store, **back_to_planned(sent_and_lost(store, service.client())))
-    slots = TaskSlots(store.layout, store.objects, TASK)
+    slots = TaskSlots(store.medium, store.objects, TASK)
     count = slots.head_seq()
     with pytest.raises(castore.IllegalHistoryError):
         store.resolve(TASK, "pay", not_done=True, reason="checked", who="ana@ops")
@@ -210,7 +210,7 @@ def test_fsck_judges_a_slot_with_other_findings_against_its_clean_parent(
     store.override(TASK, who="ana@ops", why="rotated", env="b" * 64)
     seq = 2  # 0 start, 1 prep, 2 the override
     assert EffectState.PLANNED == store.verify(TASK).head.effects[0].state
-    os.chmod(TaskSlots(store.layout, store.objects, TASK).path(seq), 0o644)
+    os.chmod(TaskSlots(store.medium, store.objects, TASK).path(seq), 0o644)
     codes = {f.code for f in check_store(store.root, jobs=1)}
     assert "illegal-transition" not in codes
     assert codes  # the writable slot itself is reported

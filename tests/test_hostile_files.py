@@ -36,7 +36,15 @@ VERBS = {
     "show": ["show", f"{TASK}@1"],
     "fsck": ["fsck", "--jobs", "1"],
     "gc": ["gc"],
-    "resolve": ["resolve", OPEN, "charge", "--not-done", "--reason", "refused"],
+    "resolve": [
+        "resolve",
+        OPEN,
+        "charge",
+        "--not-done",
+        "--reason",
+        "refused",
+        "--submitter-ended",
+    ],
 }
 CHILD = """
 import contextlib, io, json, sys

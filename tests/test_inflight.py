@@ -225,6 +225,22 @@ def test_a_live_submitter_on_this_host_is_not_reconciled_under(
     run.close()
 
 
+def test_a_person_may_resolve_not_done_once_the_live_submitter_s_send_has_ended(
+    child_sending: tuple[subprocess.Popen[str], Path, FileLedger],
+) -> None:
+    """While the submitting process lives, `resolve --not-done` is refused; a person who
+    knows its send has ended says so (`submitter_ended`) and the NOT_DONE is committed. The
+    refusal's advice names that flag."""
+    child, root, _ = child_sending
+    store = castore.Store.open(root)
+    with pytest.raises(castore.StepInFlightError, match="--submitter-ended"):
+        store.resolve(TASK, "pay", not_done=True, reason="looks lost", who="ops")
+    store.resolve(TASK, "pay", not_done=True, reason="ops checked", who="ops", submitter_ended=True)
+    records = store.status(TASK).effects
+    assert ["NOT_DONE"] == [record.state for record in records]
+    child.kill()
+
+
 # -- telling the submitter from a process that reused its pid ---------------------------------
 def wall_ms() -> int:
     return time.time_ns() // 1_000_000

@@ -340,7 +340,7 @@ def forget_during_seal(
             if problems:
                 return problems
             collect(store.root, grace_s=0)
-            slots = TaskSlots(store.layout, store.objects, TASK)
+            slots = TaskSlots(store.medium, store.objects, TASK)
             status = store.status(TASK)
             if not status.forgotten or status.seq is None:
                 return [f"after a last gc: not a forgotten task: {status}"]

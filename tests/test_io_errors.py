@@ -117,10 +117,10 @@ def test_a_planted_lock_symlink_is_refused_as_unsafe(
 
 
 def test_the_public_api_leaks_no_oserror(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An OSError raised by a call no castore code translates (here listdir in
+    """An OSError raised by a call no castore code translates (here a medium's listing in
     Store.tasks) leaves the public API as a StoreIOError with its errno and path."""
     store = castore.Store.init(tmp_path / "store")
-    monkeypatch.setattr("castore.store.os", OsWith(listdir=denied))  # castore.store's only
+    monkeypatch.setattr(store.medium, "names", lambda key: denied(store.medium.where(key)))
     with pytest.raises(StoreIOError) as caught:
         store.tasks()
     assert (errno.EACCES, store.layout.tasks) == (caught.value.errno, caught.value.path)

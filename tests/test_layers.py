@@ -179,3 +179,109 @@ def test_every_package_says_what_it_owns() -> None:
             doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
             assert doc, f"package {name} has no docstring"
             assert "import" in doc, f"package {name}'s docstring does not say what it may import"
+
+
+# -- the medium seam: only the medium touches the filesystem ----------------------------------
+# Calls that touch a filesystem (or reach into its metadata) by a path or a descriptor.
+FS_CALLS = {
+    "os": {
+        "open",
+        "close",
+        "read",
+        "write",
+        "fsync",
+        "fdatasync",
+        "lstat",
+        "stat",
+        "fstat",
+        "listdir",
+        "scandir",
+        "walk",
+        "unlink",
+        "remove",
+        "rmdir",
+        "mkdir",
+        "makedirs",
+        "link",
+        "rename",
+        "replace",
+        "symlink",
+        "readlink",
+        "utime",
+        "chmod",
+        "fchmod",
+        "ftruncate",
+        "truncate",
+        "access",
+    },
+    "os.path": {
+        "exists",
+        "lexists",
+        "isdir",
+        "isfile",
+        "islink",
+        "getmtime",
+        "getsize",
+        "samefile",
+    },
+    "shutil": {"copy", "copy2", "copyfile", "copytree", "rmtree", "move"},
+}
+# Who may, and why. Everything else reaches the store only through castore.medium.
+FS_ALLOWED = {
+    "castore.medium": "the medium itself: the POSIX directory's system calls",
+    "castore.doctor": "probes the filesystem itself: that is what it tests",
+    "castore.lab": "the crash lab's own files (the service's ledger, the model's log)",
+    "castore.cli": "paths a person typed (is this a directory? does it hold .castore?)",
+    "castore.watch.observer": "watchdog's view of a directory (the only importer of watchdog)",
+    "castore.format.envdigest": "digests a user's files for an environment anchor, not the store's",
+    "castore.run.inflight": "reads /proc for a process's start time, never the store",
+}
+
+
+def _fs_calls(path: Path) -> list[str]:
+    """`module.function` for every call of FS_CALLS in the file, and every use of fsio."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "castore.medium":
+            found += [f"imports castore.medium.{a.name}" for a in node.names if a.name == "fsio"]
+        if isinstance(node, ast.ImportFrom) and node.module == "castore.medium.fsio":
+            found.append("imports castore.medium.fsio")
+        if not isinstance(node, ast.Call):
+            continue
+        if isinstance(node.func, ast.Name) and node.func.id == "open":
+            found.append("open()")
+        target = node.func
+        if not isinstance(target, ast.Attribute):
+            continue
+        owner = ast.unparse(target.value)
+        if target.attr in FS_CALLS.get(owner, ()):
+            found.append(f"{owner}.{target.attr}()")
+    return found
+
+
+def test_only_the_medium_touches_the_filesystem() -> None:
+    """No module outside castore.medium (and the exceptions FS_ALLOWED names, each with its
+    reason) makes a filesystem call or uses fsio: a second medium needs no change above it."""
+    wrong = {}
+    for name, path in MODULES.items():
+        if any(name == p or name.startswith(p + ".") for p in FS_ALLOWED):
+            continue
+        calls = _fs_calls(path)
+        if calls:
+            wrong[name] = sorted(set(calls))
+    assert {} == wrong
+
+
+def test_the_filesystem_check_sees_a_call() -> None:
+    """Self-test: the check finds os.lstat, os.path.isdir, open() and an fsio import."""
+    source = (
+        "import os\nfrom castore.medium import fsio\nos.lstat('x'); os.path.isdir('y'); open('z')\n"
+    )
+    here = Path(__file__).resolve().parent / "_fs_probe.py"
+    try:
+        here.write_text(source)
+        calls = _fs_calls(here)
+    finally:
+        here.unlink()
+    assert {"os.lstat()", "os.path.isdir()", "open()", "imports castore.medium.fsio"} == set(calls)

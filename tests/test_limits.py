@@ -20,7 +20,7 @@ from castore.format import codec, fastdecode, limits
 from castore.format.digest import hash_bytes
 from castore.maintenance.fsck import Severity, check_store
 from castore.maintenance.gc import collect
-from castore.medium import fsio
+from castore.medium import fsread
 
 PLAN = castore.Plan.build("limits", "a", "b")
 HUGE = 8 << 30  # 8 GiB, sparse: no disk space, and never read
@@ -167,12 +167,12 @@ def test_the_rest_of_a_file_read_past_its_stat_is_bounded(tmp_path: Path) -> Non
     path.write_bytes(data)
     fd = os.open(path, os.O_RDONLY)
     try:
-        assert b"xy" + data == fsio._read_rest(str(path), fd, b"xy", len(data) + 2)
+        assert b"xy" + data == fsread._read_rest(str(path), fd, b"xy", len(data) + 2)
         os.lseek(fd, 0, os.SEEK_SET)
         with pytest.raises(OversizedFileError):
-            fsio._read_rest(str(path), fd, b"xy", len(data) + 1)
+            fsread._read_rest(str(path), fd, b"xy", len(data) + 1)
     finally:
         os.close(fd)
-    assert hash_bytes(data) == fsio.hash_regular(str(path))
+    assert hash_bytes(data) == fsread.hash_regular(str(path))
     with pytest.raises(OversizedFileError):
-        fsio.hash_regular(str(path), limit=len(data) - 1)
+        fsread.hash_regular(str(path), limit=len(data) - 1)

@@ -26,6 +26,7 @@ from test_power_loss_gc import assert_clean, run_exploration
 import castore
 from castore.chain.sealmark import started_by_mark
 from castore.errors import CastoreError, TaskForgottenError
+from castore.format.layout import task_key
 from castore.maintenance.gc import collect
 
 PLAN = castore.Plan.build("plf", "a", "b", "c")
@@ -67,7 +68,7 @@ def check(base: Path) -> Verdict:
             verdict.problems.append(f"task {task!r}: {status.error}")
         else:
             _check_live(store, task, verdict)
-    marked = {task for task in tasks if started_by_mark(store.layout.task_dir(task))}
+    marked = {task for task in tasks if started_by_mark(store.medium, task_key(task))}
     if marked - set(verdict.forgotten):
         verdict.problems.append(f"{sorted(marked)}: a sealed mark but no tombstone above it")
     for finding in castore.maintenance.fsck.check_store(root, jobs=1):

@@ -68,7 +68,7 @@ def check_sealed_state(base: Path) -> Verdict:
     store = castore.Store.open(base / STORE)
     for name in sorted(os.listdir(tasks)):
         chain = tasks / name / CHAIN_DIR
-        if not (chain / f"{0:016d}").exists() and started_by_mark(str(tasks / name)):
+        if not (chain / f"{0:016d}").exists() and started_by_mark(store.medium, f"tasks/{name}"):
             pl._check_task(store, decode_task_id(name), chain, verdict)
     if not FSCK_KNOWS_PACKS:
         verdict.fsck_errors = []  # main's fsck reads a pack as undecodable: see the test below

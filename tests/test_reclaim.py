@@ -49,7 +49,7 @@ def assert_reclaimed(store: castore.Store, task: str, tombstone_seq: int) -> Non
     """Only the tombstone's slot is left, the mark covers the rest, and the task stays
     forgotten and listed."""
     assert [tombstone_seq] == present(store, task)
-    mark = TaskSlots(store.layout, store.objects, task).mark()
+    mark = TaskSlots(store.medium, store.objects, task).mark()
     assert mark is not None
     assert (None, tombstone_seq - 1) == (mark.pack, mark.through)
     assert task in store.tasks()
@@ -170,7 +170,7 @@ def test_gc_killed_while_reclaiming_leaves_what_the_next_gc_completes(
     blob, seq = forgotten_task(store)
     with_crash = spawn_child(children, GC, str(store.root), crash=point)
     assert -9 == with_crash.wait(timeout=60)
-    mark = TaskSlots(store.layout, store.objects, "t").mark()
+    mark = TaskSlots(store.medium, store.objects, "t").mark()
     assert mark is not None
     assert seq - 1 == mark.through
     expected = [seq] if point == "reclaim.pruned" else list(range(seq + 1))

@@ -13,12 +13,12 @@ import pytest
 from helpers import wait_stopped
 
 import castore
-from castore.chain import refs
 from castore.chain.refs import TaskSlots
 from castore.chain.sealmark import Mark
 from castore.cli.history import read_slots
 from castore.errors import ChainError, ConflictError
 from castore.format.layout import LEGACY_MARK_NAME, slot_name
+from castore.medium import posix
 
 TASK = "long"
 FAKE_PACK = "ab" * 32  # the mark is only read here; no pack is verified
@@ -35,7 +35,7 @@ def store_with(tmp_path: Path, commits: int) -> castore.Store:
 
 
 def slots_of(store: castore.Store) -> TaskSlots:
-    return TaskSlots(store.layout, store.objects, TASK)
+    return TaskSlots(store.medium, store.objects, TASK)
 
 
 def mark_and_prune(store: castore.Store, through: int) -> int:
@@ -74,7 +74,7 @@ def mark_path(store: castore.Store, where: str) -> Path:
 def head_method(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """HEAD found by one listing of the chain directory, or by the lstat lookup (FORMAT.md
     9.4): the chain directory's size chooses, so each test runs with both forced."""
-    monkeypatch.setattr(refs, "_LIST_BELOW", 1 << 40 if request.param == "listing" else -1)
+    monkeypatch.setattr(posix, "LIST_BELOW", 1 << 40 if request.param == "listing" else -1)
     return str(request.param)
 
 
@@ -90,7 +90,7 @@ def test_both_head_methods_agree_on_every_chain_length(
 
     def both() -> None:
         for method, limit in (("listing", 1 << 40), ("lookup", -1)):
-            monkeypatch.setattr(refs, "_LIST_BELOW", limit)
+            monkeypatch.setattr(posix, "LIST_BELOW", limit)
             found[method].append(slots.head_seq())
 
     both()
@@ -112,13 +112,13 @@ def test_both_head_methods_agree_on_every_chain_length(
 def test_a_small_chain_directory_is_listed_and_a_large_one_searched(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Under refs._LIST_BELOW bytes HEAD costs one listing and no lstat of a slot; above it,
+    """Under posix.LIST_BELOW bytes HEAD costs one listing and no lstat of a slot; above it,
     O(log n) lstat calls and no listing."""
     store = store_with(tmp_path, 40)
     slots = slots_of(store)
     probes: list[int] = []
     listings: list[str] = []
-    exists, list_names = TaskSlots.exists, refs.fsio.list_names
+    exists, list_names = TaskSlots.exists, posix.fsread.list_names
 
     def counted_exists(self: TaskSlots, seq: int) -> bool:
         probes.append(seq)
@@ -129,11 +129,11 @@ def test_a_small_chain_directory_is_listed_and_a_large_one_searched(
         return list_names(directory)
 
     monkeypatch.setattr(TaskSlots, "exists", counted_exists)
-    monkeypatch.setattr(refs.fsio, "list_names", counted_list)
-    assert os.lstat(slots.directory).st_size <= refs._LIST_BELOW
+    monkeypatch.setattr(posix.fsio, "list_names", counted_list)
+    assert os.lstat(slots.directory).st_size <= posix.LIST_BELOW
     assert (40, [], [slots.directory]) == (slots.head_seq(), probes, listings)
     listings.clear()
-    monkeypatch.setattr(refs, "_LIST_BELOW", os.lstat(slots.directory).st_size - 1)
+    monkeypatch.setattr(posix, "LIST_BELOW", os.lstat(slots.directory).st_size - 1)
     assert (40, []) == (slots.head_seq(), listings)
     assert 5 < len(probes) <= 14
 

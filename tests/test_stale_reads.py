@@ -1,5 +1,5 @@
 """Stale reads on a shared filesystem (FORMAT.md 11.5), injected into the `os` that
-castore.medium.fsio calls.
+castore.medium.fsread calls.
 
 A client of a network filesystem may serve a file's bytes from a cache that predates another
 client's write (FUSE's page cache; GlusterFS with its default caches serves a file just
@@ -21,14 +21,14 @@ import castore
 from castore.cli import main
 from castore.format.digest import hash_bytes
 from castore.maintenance.fsck import Severity, check_store
-from castore.medium import fsio
+from castore.medium import fsread
 
 PLAN = castore.Plan.build("stale", "a", "b", "c")
 TASK = "stale/1"
 
 
 class StaleOS:
-    """The `os` of castore.medium.fsio, serving the first `stale_opens` opens of a target (a
+    """The `os` of castore.medium.fsread, serving the first `stale_opens` opens of a target (a
     path, or a name opened in a directory descriptor) stale: reads of such a descriptor return
     `stale` (then end of file) instead of the file's bytes, or the open fails with `err`. Counts the
     opens of the targets."""
@@ -87,7 +87,7 @@ def _flip_a_byte(path: str) -> None:
 
 def _stale(monkeypatch: pytest.MonkeyPatch, *targets: str, **how: Any) -> StaleOS:
     fake = StaleOS(*targets, **how)
-    monkeypatch.setattr(fsio, "os", fake)
+    monkeypatch.setattr(fsread, "os", fake)
     return fake
 
 

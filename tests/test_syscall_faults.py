@@ -142,7 +142,15 @@ CLI_CASES = {
     "show": ("show", "t/1@1"),
     "fsck": ("fsck", "--jobs", "1"),
     "gc": ("gc", "--grace", "0"),
-    "resolve": ("resolve", "u/1", "charge", "--not-done", "--reason", "refused"),
+    "resolve": (
+        "resolve",
+        "u/1",
+        "charge",
+        "--not-done",
+        "--reason",
+        "refused",
+        "--submitter-ended",
+    ),
     "init": ("init", "{root}-new"),
 }
 

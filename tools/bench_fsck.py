@@ -48,7 +48,7 @@ from castore.maintenance.fsck.coverage import Coverage
 from castore.maintenance.fsck.named import NamedObjects
 from castore.maintenance.fsck.tree import walk_objects
 from castore.maintenance.fsck.workers import TaskContext, check_tasks
-from castore.medium.fsio import open_directory, read_in
+from castore.medium.fsread import open_directory, read_in
 
 T = TypeVar("T")
 

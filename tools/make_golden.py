@@ -35,18 +35,20 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import castore
-from castore.chain import storeinit
 from castore.chain.refs import TaskSlots
 from castore.cli import main as cli_main
 from castore.format import codec
 from castore.format.digest import hash_bytes
 from castore.format.layout import Layout
+from castore.format.marker import marker_bytes
 from castore.format.records import Writer
 from castore.maintenance.fsck import Summary, check_store
 from castore.maintenance.sealing import seal_task
+from castore.medium import posixinit as storeinit
+from castore.run import core as run_core
 from castore.run import forget as forget_module
 from castore.run import fork as fork_module
-from castore.run import run as run_module
+from castore.run import settings as run_settings
 
 GOLDEN = ROOT / "tests" / "golden"
 T0_MS = 1_796_029_200_000  # 2026-11-30T09:00:00Z: in the past, so ages and "stuck" are fixed
@@ -72,7 +74,7 @@ def fixed_writers() -> Iterator[None]:
     """Every run, fork and tombstone writes as host "golden", pid 4242, run id = a counter
     (no random ids): each module that names a writer gets the fixed one."""
     counter = itertools.count(1)
-    modules = (run_module, fork_module, forget_module)
+    modules = (run_core, run_settings, fork_module, forget_module)
     originals = [module.Writer for module in modules]
 
     def writer(_host: str, _pid: int, _run: str) -> Writer:
@@ -89,7 +91,7 @@ def fixed_writers() -> Iterator[None]:
 
 def init_store(root: Path, version: int) -> None:
     """A new, empty store whose marker names `version`."""
-    storeinit.build(Layout(root), version=version)
+    storeinit.build(str(root), marker_bytes(version))
 
 
 # -- the scenarios of the clean store ----------------------------------------------------------
@@ -310,7 +312,7 @@ def _objects_of_kind(root: Path, kind: bytes) -> list[Path]:
 def truncated_pack(root: Path) -> None:
     """The pack of sealed (the one its sealed mark names) cut to half its bytes (v2)."""
     store = castore.Store.open(root)
-    mark = TaskSlots(store.layout, store.objects, "sealed").mark()
+    mark = TaskSlots(store.medium, store.objects, "sealed").mark()
     assert mark is not None
     assert mark.pack is not None
     pack = Path(store.objects.path(mark.pack))

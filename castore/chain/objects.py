@@ -1,16 +1,15 @@
-"""Write-once objects named by the blake3 of their bytes, in a two-hex-digit fan-out tree."""
+"""Write-once objects named by the blake3 of their bytes, in a two-hex-digit fan-out tree,
+stored through the store's medium (castore.medium: every read and write of an object)."""
 
 from __future__ import annotations
 
 import errno
-import os
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from castore import crashpoints
 from castore.errors import (
     DurabilityError,
     ObjectCorruptError,
@@ -21,9 +20,8 @@ from castore.errors import (
 )
 from castore.format import codec
 from castore.format.digest import hash_bytes
-from castore.format.layout import Layout
-from castore.medium import fsio, groupflush
-from castore.medium.mountinfo import names_are_coherent
+from castore.format.layout import fanout_key, object_key
+from castore.medium.base import Medium
 
 # A put races gc at most once per gc run; a few tries cover any number of concurrent gcs.
 _PUBLISH_TRIES = 3
@@ -41,103 +39,72 @@ _RECENT_ONE = 4 << 20
 class ObjectStore:
     """Puts and verified gets of objects."""
 
-    def __init__(self, layout: Layout) -> None:
-        self._layout = layout
+    def __init__(self, medium: Medium) -> None:
+        self.medium = medium
         self._recent: OrderedDict[str, bytes] = OrderedDict()
         self._recent_size = 0
         self._recent_lock = threading.Lock()
-        self._coherent: bool | None = None
-        self._flush: groupflush.GroupFlush | None = None
         # v1 readers find a snapshot by its object name alone, so a v1 store keeps making
         # that name durable; v2 readers fall back to the chain slot (FORMAT.md 9.3).
         self.snapshot_names_durable = True
-        self._batches = threading.local()  # the open batch of each thread (batch())
-
-    @property
-    def flush(self) -> groupflush.GroupFlush:
-        """The flushes of this store's filesystem, shared by the process (groupflush.py)."""
-        if self._flush is None:
-            self._flush = groupflush.for_store(self._layout.root)
-        return self._flush
 
     def path(self, object_id: str) -> str:
-        return self._layout.object_path(object_id)
+        """Where object `object_id` is, as a person is told (a path, a URL)."""
+        return self.medium.where(object_key(object_id))
 
     def put(self, kind: str, body: bytes) -> str:
         """Durably store an object; return its id. Storing an existing object is a no-op."""
         return self.put_framed(codec.frame(kind, body))
 
-    def put_framed(self, data: bytes, *, remember: bool = True, snapshot: bool = False) -> str:
+    def put_framed(self, data: bytes, *, remember: bool = True) -> str:
         """Durably store already framed bytes; return their id. `remember`: keep the bytes a
-        while, for a later commit that names the object (`hold`). `snapshot`: the bytes of a
-        snapshot about to be linked as a chain slot, whose name in a v2 store need not be
-        durable (the slot is: FORMAT.md 9.3), which saves a directory flush per commit."""
-        flush = self.flush
-        name_durable = self.snapshot_names_durable or not snapshot
+        while, for a later commit that names the object (`hold`)."""
+        medium = self.medium
         object_id = hash_bytes(data)
-        pending: _Batch | None = getattr(self._batches, "open", None)
-        if pending is not None and not snapshot:
-            return pending.add(self, object_id, data, remember)
-        fanout = self._layout.fanout_dir(object_id)
+        key = object_key(object_id)
         # A planted symlink in place of a fan-out directory must not receive objects.
-        fsio.require_real_directory(fanout)
+        medium.require_dir(fanout_key(object_id))
         started, pause, tries = time.monotonic(), _BACKOFF_FIRST_S, 0
         while True:
             tries += 1
             try:
-                created = fsio.publish_file(
-                    fanout,
-                    object_id,
-                    data,
-                    sync=flush.file,
-                    sync_dir=flush.directory,
-                    name_durable=name_durable,
-                )
+                created = medium.create(key, data)
             except FileNotFoundError:
                 # Fan-out directories are made on first use; gc or a person may remove them.
-                fsio.make_dir_durable(fanout)
+                medium.make_dir(fanout_key(object_id))
                 created = False
             except DurabilityError as exc:
                 if exc.errno != errno.ENOENT:
                     raise
                 created = False  # the temp file vanished before its link: a gc with no grace
             else:
-                if created or self._refresh(object_id):
+                if created or medium.pending(key) is not None or self._refresh(object_id):
                     if remember:
                         self._remember(object_id, data)
                     return object_id
             if tries < _PUBLISH_TRIES:
                 continue
-            if self.names_are_coherent() or time.monotonic() - started > _STALE_NAME_S:
+            if medium.names_are_coherent() or time.monotonic() - started > _STALE_NAME_S:
                 raise ObjectMissingError(object_id, self.path(object_id))
             time.sleep(pause)  # our client still holds the removed name: wait for it to expire
             pause = min(pause * 2, _BACKOFF_MAX_S)
 
     @contextmanager
     def batch(self) -> Iterator[None]:
-        """Objects put in this thread inside the block are published together when it ends:
-        their bytes written first, one syncfs for all of them, then their names, then one
-        syncfs for the names (FORMAT.md 9.2, batches). Two flushes for any number of objects
-        instead of two each; nothing names them before the block ends, so no commit may be
-        made inside it. Where flushes are not shared (FUSE, NFS: flushpolicy.py) a batch is
-        each put on its own, as outside one. An error inside the block publishes nothing."""
-        if getattr(self._batches, "open", None) is not None or not self.flush.policy.shared:
-            yield  # nested, or nothing to share: every put publishes itself
-            return
-        opened = self._batches.open = _Batch()
-        try:
+        """Objects put in this thread inside the block are published together when it ends
+        (the medium's batch: on a local disk whose flushes castore shares, two flushes for
+        any number of objects instead of two each, FORMAT.md 9.2); nothing names them before
+        the block ends, so no commit may be made inside it. An error inside the block
+        publishes nothing."""
+        with self.medium.batch() as existed:
             yield
-        except BaseException:
-            opened.discard()
-            raise
-        finally:
-            self._batches.open = None
-        opened.publish(self)
+        for key, data in existed:  # linked onto a name that was there: checked as a put is
+            if not self._refresh(key.rsplit("/", 1)[1]):
+                self.put_framed(data)
 
     def pending(self, object_id: str) -> bytes | None:
         """The bytes of an object put in this thread's open batch, not yet published."""
-        opened: _Batch | None = getattr(self._batches, "open", None)
-        return None if opened is None else opened.data.get(object_id)
+        return self.medium.pending(object_key(object_id))
 
     def _remember(self, object_id: str, data: bytes) -> None:
         if len(data) > _RECENT_ONE:
@@ -179,15 +146,13 @@ class ObjectStore:
     def ensure(self, object_id: str, data: bytes) -> None:
         """Store `data` (the bytes of `object_id`) again if its name is gone; else refresh it."""
         try:
-            os.utime(self.path(object_id), follow_symlinks=False)
-        except FileNotFoundError:
-            self.put_framed(data)  # set aside or removed by gc: store it again
-        except PermissionError:
-            pass  # not the owner in a group store: best effort (FORMAT.md, gc)
-        except OSError as exc:
+            there = self.medium.touch(object_key(object_id))
+        except StoreIOError as exc:
             if exc.errno != errno.ESTALE:
-                raise fsio.io_error(self.path(object_id), "refreshing", exc) from exc
-            self.put_framed(data)  # the name's inode is gone on the server: as above
+                raise
+            there = False  # the name's inode is gone on the server
+        if not there:
+            self.put_framed(data)  # set aside or removed by gc: store it again
 
     def _refresh(self, object_id: str) -> bool:
         """The object already existed: check its bytes (never trust a damaged copy) and make
@@ -202,7 +167,7 @@ class ObjectStore:
         it back (gc.py, step 2). If it is gone, the put publishes again."""
         try:
             self.read(object_id)
-            refreshed = fsio.refresh_mtime(self.path(object_id))  # best effort in a group store
+            refreshed = self.medium.touch(object_key(object_id))  # best effort in a group store
         except ObjectMissingError:
             return False
         except StoreIOError as exc:
@@ -213,29 +178,13 @@ class ObjectStore:
 
     def names_are_coherent(self) -> bool:
         """True when a lookup in this store is the truth (a local filesystem, decided once)."""
-        if self._coherent is None:
-            self._coherent = names_are_coherent(self._layout.root)
-        return self._coherent
+        return self.medium.names_are_coherent()
 
     def still_named(self, object_id: str) -> bool:
-        """True if the object's name exists now, as the directory holds it: a lookup on a
-        local filesystem; elsewhere a listing of its fan-out directory too, since a client
-        may go on finding a name another client removed (its lookup is served from cache,
-        a listing reaches the server). A False is always safe: the caller stores again."""
-        path = self.path(object_id)
-        try:
-            if not fsio.exists(path):
-                return False
-        except StoreIOError as exc:
-            if exc.errno != errno.ESTALE:
-                raise
-            return False
-        if self.names_are_coherent():
-            return True
-        try:
-            return object_id in fsio.list_names(os.path.dirname(path))
-        except FileNotFoundError:
-            return False
+        """True if the object's name exists now, as the medium's server holds it (a client
+        may go on finding a name another client removed). A False is always safe: the
+        caller stores again."""
+        return self.medium.still_named(object_key(object_id))
 
     def read(self, object_id: str) -> bytes:
         """The framed bytes of an object, re-hashed: corrupt bytes are never returned. Bytes
@@ -244,15 +193,15 @@ class ObjectStore:
         pending = self.pending(object_id)
         if pending is not None:
             return pending  # put in this thread's open batch: hashed when it was put
-        path = self.path(object_id)
-        data = self._read_file(object_id, path, fsio.read_regular)
+        key = object_key(object_id)
+        data = self._read_file(object_id, key, self.medium.read)
         if hash_bytes(data) == object_id:
             return data
-        data = self._read_file(object_id, path, fsio.read_uncached)
+        data = self._read_file(object_id, key, self.medium.read_fresh)
         actual = hash_bytes(data)
         if actual != object_id:
             reason = "file is empty" if not data else f"its bytes hash to {actual}"
-            raise ObjectCorruptError(object_id, path, reason)
+            raise ObjectCorruptError(object_id, self.path(object_id), reason)
         return data
 
     def check(self, object_id: str) -> None:
@@ -261,18 +210,17 @@ class ObjectStore:
         if self.pending(object_id) is not None:
             return
         try:
-            if fsio.hash_regular(self.path(object_id)) == object_id:
+            if self.medium.hash(object_key(object_id)) == object_id:
                 return
         except FileNotFoundError:
             raise ObjectMissingError(object_id, self.path(object_id)) from None
         self.read(object_id)  # read again past the caches: corrupt, or a stale first read
 
-    @staticmethod
-    def _read_file(object_id: str, path: str, read: Callable[[str], bytes]) -> bytes:
+    def _read_file(self, object_id: str, key: str, read: Callable[[str], bytes]) -> bytes:
         try:
-            return read(path)
+            return read(key)
         except FileNotFoundError:
-            raise ObjectMissingError(object_id, path) from None
+            raise ObjectMissingError(object_id, self.path(object_id)) from None
 
     def get(self, object_id: str, kind: str) -> bytes:
         """The verified body of an object of `kind`."""
@@ -290,74 +238,11 @@ class ObjectStore:
         the header, so checking a reference to a large blob costs one small read."""
         pending = self.pending(object_id)
         try:
-            head = pending or fsio.read_prefix(self.path(object_id), codec.MAX_HEADER)
+            head = pending or self.medium.read_head(object_key(object_id), codec.MAX_HEADER)
         except (FileNotFoundError, UnsafeFileError):
             return None
         parts = head.split(b"\n", 1)[0].split(b" ")
         return parts[2].decode("ascii", "replace") if len(parts) == 4 else None
 
     def exists(self, object_id: str) -> bool:
-        return os.path.lexists(self.path(object_id))
-
-
-class _Batch:
-    """Objects written as unsynced temp files, waiting for the batch's end (batch())."""
-
-    def __init__(self) -> None:
-        self.data: dict[str, bytes] = {}
-        self._temps: list[tuple[str, str, str, bool]] = []  # temp, fan-out dir, id, remember
-
-    def add(self, objects: ObjectStore, object_id: str, data: bytes, remember: bool) -> str:
-        if object_id in self.data:
-            return object_id
-        fanout = objects._layout.fanout_dir(object_id)
-        fsio.require_real_directory(fanout)
-        try:
-            temp = fsio.write_temp(fanout, data, sync=_later)
-        except FileNotFoundError:
-            fsio.make_dir_durable(fanout)  # made on first use; gc or a person may remove it
-            temp = fsio.write_temp(fanout, data, sync=_later)
-        self.data[object_id] = data
-        self._temps.append((temp, fanout, object_id, remember))
-        return object_id
-
-    def discard(self) -> None:
-        for temp, *_ in self._temps:
-            fsio.discard(temp)
-
-    def publish(self, objects: ObjectStore) -> None:
-        """Data durable, then names, then names durable; a failed flush publishes nothing
-        more and raises (rule O4: the temp files go, never synced again)."""
-        try:
-            _sync_all(objects, "syncing a batch's bytes")
-            again = []
-            for temp, fanout, object_id, remember in self._temps:
-                try:
-                    created = fsio.link_new(temp, os.path.join(fanout, object_id))
-                except (FileNotFoundError, DurabilityError):
-                    created = False  # its directory or temp went (gc): publish it alone
-                crashpoints.reach("object.linked")
-                if not created and not objects._refresh(object_id):
-                    again.append(object_id)
-                elif remember:
-                    objects._remember(object_id, self.data[object_id])
-            _sync_all(objects, "syncing a batch's names")
-        finally:
-            self.discard()
-        for _ in self._temps:
-            crashpoints.reach("object.published")  # as many arrivals as a put of each
-        for object_id in again:
-            objects.put_framed(self.data[object_id])
-
-
-def _sync_all(objects: ObjectStore, operation: str) -> None:
-    """One syncfs of the store's filesystem; DurabilityError naming `operation` if it fails."""
-    try:
-        objects.flush.filesystem()
-    except OSError as exc:
-        raise DurabilityError(objects._layout.objects, operation, exc) from exc
-
-
-def _later(fd: int, path: str) -> None:
-    """A batch's temp file is flushed with the others at the batch's end (one syncfs)."""
-    del fd, path
+        return self.medium.exists(object_key(object_id))

@@ -24,7 +24,7 @@ import attrs
 
 from castore.errors import CastoreError
 from castore.format import codec
-from castore.medium import fsio
+from castore.medium.base import Medium
 
 # Kinds whose bodies name objects that must be followed further.
 FOLLOWED_KINDS = frozenset({"tree", "pack"})
@@ -116,21 +116,22 @@ def pack_names(header: object) -> Names:
 Loaded = tuple[str, bytes] | str | None
 
 
-def load_path(path: str) -> Loaded:
-    """What the object file at `path` names, for a walk: its header only, unless it is a tree
-    or a pack (then its whole body, unframed, not hash-checked). UnreadableNames when it may
+def load_key(medium: Medium, key: str) -> Loaded:
+    """What the object file `key` names, for a walk: its header only, unless it is a tree or
+    a pack (then its whole body, unframed, not hash-checked). UnreadableNames when it may
     name others but cannot be read as what it is (damaged, planted, a later version)."""
+    where = medium.where(key)
     try:
-        head = fsio.read_prefix(path, codec.MAX_HEADER)
+        head = medium.read_head(key, codec.MAX_HEADER)
         parts = head.split(b"\n", 1)[0].split(b" ")
         kind = parts[2].decode("ascii", "replace") if len(parts) == 4 else None
         if kind is not None and kind not in FOLLOWED_KINDS:
             return kind
-        return codec.unframe(fsio.read_regular(path), path)
+        return codec.unframe(medium.read(key), where)
     except FileNotFoundError:
         return None
     except (CastoreError, ValueError) as exc:
-        raise UnreadableNames(f"{path}: {exc}") from exc
+        raise UnreadableNames(f"{where}: {exc}") from exc
 
 
 @attrs.define

@@ -28,7 +28,6 @@ from castore.chain.objects import ObjectStore
 from castore.chain.refs import TaskSlots
 from castore.errors import CastoreError, UsageError
 from castore.format.records import Sealed
-from castore.medium import fsio
 
 SEAL_EVERY = packs.MAX_SNAPSHOTS
 
@@ -133,7 +132,7 @@ class Sealer:
             return
 
         def job() -> None:
-            fsio.fsync_dir(self._slots.directory)
+            self._slots.medium.flush_dir(self._slots.chain_key)
             prune(self._slots, anchor)
 
         self._submit(job)

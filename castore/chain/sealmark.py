@@ -24,15 +24,13 @@ durable, hence that read sees it, and the writer takes its slot back and loses.
 
 from __future__ import annotations
 
-import os
-
 import attrs
 
 from castore import crashpoints
 from castore.errors import ChainError, OversizedFileError, UnsafeFileError
 from castore.format import codec, layout
 from castore.format.layout import LEGACY_MARK_NAME, MARKS_DIR, MAX_SEQ, validate_object_id
-from castore.medium import fsio
+from castore.medium.base import Medium
 
 # A mark is one short line; anything longer was not written by castore.
 _MAX_MARK = 256
@@ -78,11 +76,12 @@ def parse(task_id: str, path: str, data: bytes) -> Mark:
     return mark
 
 
-def read_file(task_id: str, path: str) -> Mark | None:
-    """The mark file at `path`, None if there is none; ChainError if it cannot be trusted. A
-    mark that cannot be read is never taken for no mark: that would hide every slot below it."""
+def read_file(medium: Medium, task_id: str, key: str) -> Mark | None:
+    """The mark file `key`, None if there is none; ChainError if it cannot be trusted. A mark
+    that cannot be read is never taken for no mark: that would hide every slot below it."""
+    path = medium.where(key)
     try:
-        data = fsio.read_regular(path, limit=_MAX_MARK)
+        data = medium.read(key, limit=_MAX_MARK)
     except FileNotFoundError:
         return None
     except UnsafeFileError as exc:
@@ -101,31 +100,43 @@ def newer(first: Mark | None, second: Mark | None) -> Mark | None:
 
 class TaskMarks:
     """The mark of one task, read and moved forward. Generations are immutable, so what was
-    read of one is kept; only whether a newer one exists is asked again (one lstat)."""
+    read of one is kept; only whether a newer one exists is asked again (one lookup)."""
 
-    def __init__(self, task_id: str, task_dir: str) -> None:
+    def __init__(self, medium: Medium, task_id: str, task_key: str) -> None:
         self.task_id = task_id
-        self.task_dir = task_dir
-        self.directory = os.path.join(task_dir, MARKS_DIR)
+        self.medium = medium
+        self.task_key = task_key
+        self.directory = f"{task_key}/{MARKS_DIR}"
         self._newest = -1  # the highest generation known to exist (-1: none seen yet)
         self._read: dict[int, Mark] = {}
         self._legacy: tuple[Mark | None] | None = None  # read once: nothing writes it now
 
+    def key(self, generation: int) -> str:
+        return f"{self.directory}/{layout.slot_name(generation)}"
+
     def path(self, generation: int) -> str:
-        return f"{self.directory}{os.sep}{layout.slot_name(generation)}"
+        """Where generation `generation` is, as a person is told."""
+        return self.medium.where(self.key(generation))
 
     def legacy(self) -> Mark | None:
         """The pre-revision file `tasks/<task>/sealed`, if the store has one (its floor)."""
         if self._legacy is None:
-            self._legacy = (read_file(self.task_id, os.path.join(self.task_dir, LEGACY_MARK_NAME)),)
+            key = f"{self.task_key}/{LEGACY_MARK_NAME}"
+            self._legacy = (read_file(self.medium, self.task_id, key),)
         return self._legacy[0]
 
+    def started(self) -> bool:
+        """True if the task has a mark at all (a task whose slot 0 was pruned has started)."""
+        return self.medium.exists(self.key(0)) or self.medium.exists(
+            f"{self.task_key}/{LEGACY_MARK_NAME}"
+        )
+
     def _exists(self, generation: int) -> bool:
-        return fsio.exists(self.path(generation))
+        return self.medium.exists(self.key(generation))
 
     def newest_generation(self) -> int | None:
         """The highest generation present (None: none), by the search HEAD lookup uses
-        (FORMAT.md 9.4), started from the newest one seen: usually one lstat."""
+        (FORMAT.md 9.4), started from the newest one seen: usually one lookup."""
         exists = self._exists
         low = self._newest
         if low < 0:
@@ -148,10 +159,11 @@ class TaskMarks:
         """Generation `number`'s mark (ChainError if it is missing or damaged)."""
         mark = self._read.get(number)
         if mark is None:
-            path = self.path(number)
-            found = read_file(self.task_id, path)
+            found = read_file(self.medium, self.task_id, self.key(number))
             if found is None:
-                raise _damaged(self.task_id, path, "a generation below the newest is missing")
+                raise _damaged(
+                    self.task_id, self.path(number), "a generation below the newest is missing"
+                )
             mark = self._read[number] = found
         return mark
 
@@ -170,11 +182,10 @@ class TaskMarks:
             mark = newer(self.legacy(), None if number is None else self.generation(number))
             if mark is not None and mark.through >= want.through:
                 return mark
-            fsio.make_dir_durable(self.directory)
+            self.medium.make_dir(self.directory)
             crashpoints.reach("mark.before_write")
             following = 0 if number is None else number + 1
-            name = layout.slot_name(following)
-            if fsio.publish_file(self.directory, name, want.encode()):
+            if self.medium.create(self.key(following), want.encode()):
                 self._newest, self._read[following] = following, want
                 crashpoints.reach("mark.written")
                 return want
@@ -183,13 +194,11 @@ class TaskMarks:
             self.task_id,
             f"its sealed mark kept moving while this writer tried {_ADVANCE_TRIES} times to "
             "move it; run the operation again",
-            self.directory,
+            self.medium.where(self.directory),
         )
 
 
-def started_by_mark(task_dir: str) -> bool:
-    """True if the task directory holds a mark (generations or the legacy file): a task whose
-    slot 0 was pruned has started."""
-    return os.path.lexists(os.path.join(task_dir, MARKS_DIR, layout.slot_name(0))) or (
-        os.path.lexists(os.path.join(task_dir, LEGACY_MARK_NAME))
-    )
+def started_by_mark(medium: Medium, task_key: str) -> bool:
+    """True if the task directory `task_key` holds a mark (generations or the legacy file): a
+    task whose slot 0 was pruned has started."""
+    return TaskMarks(medium, "", task_key).started()

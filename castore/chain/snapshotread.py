@@ -11,13 +11,12 @@ from the slot, whose bytes must hash to the id asked for (the id came from the c
 from __future__ import annotations
 
 import errno
-import os
 
 from castore.chain.objects import ObjectStore
 from castore.chain.refs import TaskSlots
 from castore.errors import DurabilityError, ObjectMissingError
 from castore.format.digest import hash_bytes
-from castore.medium import fsio
+from castore.format.layout import fanout_key, object_key
 
 
 def read_snapshot(objects: ObjectStore, slots: TaskSlots, object_id: str, seq: int) -> bytes:
@@ -37,10 +36,9 @@ def read_snapshot(objects: ObjectStore, slots: TaskSlots, object_id: str, seq: i
 def _slot_bytes(slots: TaskSlots, seq: int, object_id: str) -> bytes | None:
     """Slot `seq`'s bytes if they hash to `object_id` (read once more past the client's
     caches before they count as other bytes, as `ObjectStore.read` does); else None."""
-    path = slots.path(seq)
-    for read in (fsio.read_regular, fsio.read_uncached):
+    for read in (slots.read, slots.read_fresh):
         try:
-            data = read(path)
+            data = read(seq)
         except FileNotFoundError:
             return None  # pruned meanwhile: its object went after it, the caller says so
         if hash_bytes(data) == object_id:
@@ -49,26 +47,27 @@ def _slot_bytes(slots: TaskSlots, seq: int, object_id: str) -> bytes | None:
 
 
 def name_is_lost(objects: ObjectStore, object_id: str) -> bool:
-    """True if the snapshot's object name is missing (as a lookup sees it)."""
-    return not os.path.lexists(objects.path(object_id))
+    """True if the snapshot's object name is missing (as a lookup sees it), on a medium where
+    a slot is a second name of its snapshot's object (elsewhere a snapshot has no other name
+    to lose: its slot is its one copy)."""
+    return objects.medium.aliases and not objects.exists(object_id)
 
 
-def restore_name(objects: ObjectStore, slot_path: str, object_id: str) -> bool:
-    """Give the snapshot in `slot_path` (whose bytes hash to `object_id`) its object name
-    back, as a hard link of the slot, and make the name durable (fan-out directory synced).
+def restore_name(objects: ObjectStore, slot: str, object_id: str) -> bool:
+    """Give the snapshot in slot key `slot` (whose bytes hash to `object_id`) its object name
+    back, as a second name of the slot, and make the name durable (fan-out directory synced).
     True if this call linked it; False if the name exists already (another gc or the writer
     gave it back) or the slot is gone (pruned meanwhile: its snapshot needs no name)."""
-    target = objects.path(object_id)
-    fanout = os.path.dirname(target)
+    medium, fanout = objects.medium, fanout_key(object_id)
     # A planted symlink in place of a fan-out directory must not receive the name.
-    fsio.require_real_directory(fanout)
-    fsio.make_dir_durable(fanout)  # a person or gc may have removed an emptied fan-out dir
+    medium.require_dir(fanout)
+    medium.make_dir(fanout)  # a person or gc may have removed an emptied fan-out dir
     try:
-        linked = fsio.link_new(slot_path, target)
+        linked = medium.link(slot, object_key(object_id))
     except DurabilityError as exc:
-        if exc.errno == errno.ENOENT and not os.path.lexists(slot_path):
+        if exc.errno == errno.ENOENT and not medium.exists(slot):
             return False
         raise
     if linked:
-        fsio.fsync_dir(fanout)
+        medium.flush_dir(fanout)
     return linked

@@ -16,6 +16,7 @@ def cmd_resolve(args: argparse.Namespace) -> int:
         not_done=args.not_done,
         reason=args.reason,
         who=args.who,
+        submitter_ended=args.submitter_ended,
     )
     if args.json:
         emit_json(
@@ -47,6 +48,12 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     resolve.add_argument("--reason", help="why you decided so (required with --not-done)")
     resolve.add_argument("--who", help="who decides (default: user@host)")
+    resolve.add_argument(
+        "--submitter-ended",
+        action="store_true",
+        help="with --not-done: the worker that submitted it still runs on this host, but you "
+        "know its send has ended (else castore refuses while it runs)",
+    )
     resolve.add_argument(
         "--json", action="store_true", help="print {task, effect, state, receipt, snapshot}"
     )

@@ -42,7 +42,7 @@ def read_slots(store: Store, task_id: str) -> list[Slot]:
     """Every slot from the highest present down to the lowest kept (0, or above the sealed
     mark: what is below was sealed into packs and pruned), newest first, each checked alone
     (a gap is a slot whose problem is "missing")."""
-    slots = TaskSlots(store.layout, store.objects, task_id)
+    slots = TaskSlots(store.medium, store.objects, task_id)
     try:
         low = slots.lowest_kept()
     except ChainError:
@@ -150,7 +150,7 @@ def snapshot_at(store: Store, task_id: str, seq: int) -> tuple[str, str | None]:
 def reclaimed_tombstone(store: Store, task_id: str) -> Slot | None:
     """The tombstone of a forgotten task whose history gc reclaimed (its slot, as log shows
     it); None if HEAD is no tombstone, or the older slots are still there to show."""
-    slots = TaskSlots(store.layout, store.objects, task_id)
+    slots = TaskSlots(store.medium, store.objects, task_id)
     try:
         found = tombstone_head(slots)
     except ChainError:
@@ -163,7 +163,7 @@ def reclaimed_tombstone(store: Store, task_id: str) -> Slot | None:
 
 def _intact_slot(store: Store, task_id: str, seq: int) -> str:
     """Slot `seq` read on its own, and checked against slot `seq - 1` as its parent."""
-    slots = TaskSlots(store.layout, store.objects, task_id)
+    slots = TaskSlots(store.medium, store.objects, task_id)
     if seq > MAX_SEQ or not slots.exists(seq):
         raise _no_snapshot(task_id, seq, None)
     slot = _read_slot(store, slots, seq)

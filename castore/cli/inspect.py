@@ -20,7 +20,7 @@ from castore.cli.common import (
 )
 from castore.errors import ChainError, ObjectMissingError, UsageError
 from castore.format import codec
-from castore.format.layout import display_name, validate_object_id
+from castore.format.layout import display_name, slot_key, validate_object_id
 from castore.format.records import Snapshot
 from castore.store import Store
 
@@ -77,7 +77,7 @@ def _log_tasks(store: Store, args: argparse.Namespace) -> list[str]:
 def _log_task(store: Store, task: str, args: argparse.Namespace) -> int:
     try:
         slots = [
-            history.Slot(s.seq, store.layout.slot_path(task, s.seq), i, s)
+            history.Slot(s.seq, store.medium.where(slot_key(task, s.seq)), i, s)
             for i, s in store.history(task)
         ]
         broken = None
@@ -159,7 +159,7 @@ def _slot_bytes(store: Store, ref: str, object_id: str) -> bytes | None:
     task, _, seq = ref.rpartition("@")
     try:
         return read_snapshot(
-            store.objects, TaskSlots(store.layout, store.objects, task), object_id, int(seq)
+            store.objects, TaskSlots(store.medium, store.objects, task), object_id, int(seq)
         )
     except ObjectMissingError:
         return None  # pruned into a pack: no object, as for any id no file holds

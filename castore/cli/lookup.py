@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import re
 
 from castore.errors import UsageError
-from castore.format.layout import display_name, is_object_name
+from castore.format.layout import OBJECTS_DIR, display_name, fanout_key, is_object_name
 from castore.store import Store
 
 # Fewer digits than this would match many objects in any real store, so they are refused
@@ -32,15 +31,15 @@ def object_by_prefix(store: Store, prefix: str) -> str:
             f"{MIN_PREFIX} of them (lowercase) as `castore log` prints them"
         )
     # Every id with this prefix lives in the same fan-out directory as the padded prefix.
-    fanout = store.layout.fanout_dir(prefix.ljust(64, "0"))
+    fanout = fanout_key(prefix.ljust(64, "0"))
     try:
-        names = os.listdir(fanout)
+        names = store.medium.names(fanout)
     except FileNotFoundError:  # fan-out directories are made on first use
         names = []
     found = sorted(name for name in names if name.startswith(prefix) and is_object_name(name))
     if not found:
         raise UsageError(
-            f"no object with that prefix: {prefix!r} in {store.layout.objects}; "
+            f"no object with that prefix: {prefix!r} in {store.medium.where(OBJECTS_DIR)}; "
             "see `castore log TASK` for the ids of a task's snapshots"
         )
     if len(found) > 1:

@@ -23,7 +23,7 @@ from castore.cli.common import (
     store_path,
 )
 from castore.format import layout
-from castore.medium import fsio
+from castore.medium import oserrors
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -149,7 +149,7 @@ def cli_message(error: errors.CastoreError, args: argparse.Namespace) -> str:
 def os_error_text(exc: OSError) -> str:
     """One line for an OSError that no castore code translated: the path and the reason."""
     path = os.fsdecode(exc.filename) if exc.filename is not None else "a file"
-    return str(fsio.io_error(path, "accessing", exc))
+    return str(oserrors.io_error(path, "accessing", exc))
 
 
 def entry_point() -> None:

@@ -193,6 +193,41 @@ def parse_temp_name(name: str) -> tuple[str, int] | None:
     return (match.group(1), int(match.group(2))) if match else None
 
 
+MARKER_KEY = MARKER_NAME
+
+
+def object_key(object_id: str) -> str:
+    """The key of object `object_id` (validated first: a hostile id never becomes a key)."""
+    validate_object_id(object_id)
+    return f"{OBJECTS_DIR}/{object_id[:2]}/{object_id}"
+
+
+def fanout_key(object_id: str) -> str:
+    """The key of the fan-out directory object `object_id` lives in."""
+    return f"{OBJECTS_DIR}/{validate_object_id(object_id)[:2]}"
+
+
+def task_key(task_id: str) -> str:
+    """The key of task `task_id`'s directory (its id validated and encoded: FORMAT.md §8)."""
+    return f"{TASKS_DIR}/{encode_task_id(task_id)}"
+
+
+def chain_key(task_id: str) -> str:
+    return f"{task_key(task_id)}/{CHAIN_DIR}"
+
+
+def marks_key(task_id: str) -> str:
+    return f"{task_key(task_id)}/{MARKS_DIR}"
+
+
+def slot_key(task_id: str, seq: int) -> str:
+    return f"{chain_key(task_id)}/{slot_name(seq)}"
+
+
+def lock_key(task_id: str) -> str:
+    return f"{task_key(task_id)}/{LOCK_NAME}"
+
+
 class Layout:
     """Where each file of one store lives."""
 

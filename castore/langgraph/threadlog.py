@@ -8,11 +8,9 @@ another writer appended since (one lstat of the next slot).
 
 from __future__ import annotations
 
-import os
-
 from castore.chain.trees import TreeRef
 from castore.errors import TaskNotFoundError, UsageError
-from castore.format.layout import CHAIN_DIR, slot_name
+from castore.format.layout import chain_key, slot_name
 from castore.format.records import Plan
 from castore.run.forget import Forgotten
 from castore.run.run import Run
@@ -69,8 +67,8 @@ class ThreadLog:
         run = self._run
         if run is None:
             return False
-        chain = os.path.join(self.store.layout.task_dir(self.task_id), CHAIN_DIR)
-        return os.path.lexists(os.path.join(chain, slot_name(run.head.seq + 1)))
+        key = f"{chain_key(self.task_id)}/{slot_name(run.head.seq + 1)}"
+        return self.store.medium.exists(key)
 
     def append(self, tree: TreeRef) -> None:
         """Commit `tree` as the next entry: durable when this returns. ConflictError if

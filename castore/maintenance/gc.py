@@ -51,7 +51,6 @@ from castore.format.layout import (
     CHAIN_DIR,
     OBJECTS_DIR,
     TASKS_DIR,
-    Layout,
     is_object_name,
     object_relpath,
     parse_slot_name,
@@ -59,7 +58,8 @@ from castore.format.layout import (
     temp_name,
 )
 from castore.maintenance import reclaim, retention
-from castore.medium import fsio
+from castore.medium import fsio, fsread, oserrors
+from castore.medium.posix import PosixMedium
 from castore.store import Store
 
 DEFAULT_GRACE_S = 14 * 86400
@@ -103,9 +103,10 @@ class Reachable:
         self, root: str, report: GcReport, *, restore: bool = False, dry_run: bool = False
     ) -> None:
         self._root = root
+        self._medium = PosixMedium(root)
         self._report = report
         # restore: give each slot's snapshot its lost object name back (dry_run: only say so).
-        self._objects = ObjectStore(Layout(root)) if restore else None
+        self._objects = ObjectStore(PosixMedium(root)) if restore else None
         self._dry_run = dry_run
         self._seen: set[str] = set()  # slot paths read
         self._walk = references.Walk()
@@ -137,7 +138,7 @@ class Reachable:
                 if parse_slot_name(name) is None or path in self._seen:
                     continue
                 try:
-                    data = fsio.read_regular(path)
+                    data = fsread.read_regular(path)
                     # Read as a snapshot whatever its header says: a slot that does not
                     # decode might name anything.
                     roots.append(references.names("snapshot", codec.unframe(data)[1]))
@@ -149,7 +150,7 @@ class Reachable:
                 self.referenced.add(snapshot_id)
                 objects = self._objects
                 if objects is not None and name_is_lost(objects, snapshot_id):
-                    self._restore_name(objects, path, snapshot_id)
+                    self._restore_name(objects, os.path.relpath(path, self._root), snapshot_id)
         references.walk(roots, self._load, self._loaded, self._walk)
         self._report.unreadable_objects.update(self._walk.unreadable)
         # A named tree or pack that is missing might have named anything: keep everything
@@ -170,8 +171,9 @@ class Reachable:
         """What a followed id names (a set-aside object is read under its temp name)."""
         if not is_object_name(object_id):
             return ""  # no object can have this name: it names nothing
-        path = self.aside.get(object_id) or os.path.join(self._root, object_relpath(object_id))
-        return references.load_path(path)
+        aside = self.aside.get(object_id)
+        key = os.path.relpath(aside, self._root) if aside else object_relpath(object_id)
+        return references.load_key(self._medium, key)
 
     def _unreadable(self, task: str) -> None:
         if task not in self._report.unreadable_tasks:
@@ -233,7 +235,7 @@ def _lost_object(path: str) -> str | None:
     if os.path.basename(os.path.dirname(directory)) != OBJECTS_DIR:
         return None
     try:
-        data = fsio.read_regular(path)
+        data = fsread.read_regular(path)
         codec.unframe(data)
     except (CastoreError, OSError, ValueError):
         return None
@@ -254,7 +256,7 @@ def _remove_temp(
     target = _lost_object(full)
     if target is not None:
         if not dry_run:
-            fd = fsio.open_regular(full)
+            fd = fsread.open_regular(full)
             try:
                 os.fsync(fd)  # a writer's temp file may never have been synced: now it is
             finally:
@@ -323,7 +325,7 @@ def _sync_second_names(directories: set[str]) -> None:
         fsio.fsync_dir(directory)
 
 
-@fsio.translating
+@oserrors.translating
 def reachable(path: str | os.PathLike[str]) -> Reachable:
     """Everything the chains of the store at `path` name, directly and through the trees and
     packs they name (one read of every slot): what gc keeps. `.unreadable` says whether that
@@ -333,7 +335,7 @@ def reachable(path: str | os.PathLike[str]) -> Reachable:
     return reach
 
 
-@fsio.translating
+@oserrors.translating
 def collect(
     path: str | os.PathLike[str],
     *,

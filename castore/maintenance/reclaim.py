@@ -40,7 +40,7 @@ def reclaim_forgotten(store: Store, *, dry_run: bool = False) -> list[str]:
         return []  # a v1 store never gets a mark (V2SPEC V0)
     reclaimed = []
     for task in store.tasks():
-        slots = TaskSlots(store.layout, store.objects, task)
+        slots = TaskSlots(store.medium, store.objects, task)
         try:
             found = tombstone_head(slots)
             if found is None:

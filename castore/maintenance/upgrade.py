@@ -22,9 +22,9 @@ from typing import Any
 import attrs
 
 from castore import crashpoints
-from castore.chain import storeinit
 from castore.errors import CastoreError, ConflictError, TaskBusyError, TaskForgottenError
 from castore.format.layout import MARKER_NAME
+from castore.format.marker import marker_bytes
 from castore.maintenance.fsck import Finding, Severity, Summary, check_store
 from castore.medium import fsio
 from castore.store import Store
@@ -125,7 +125,7 @@ def write_marker(root: str, version: int) -> None:
     of the root): readers see the old marker or the new one, never a mix; a crash before the
     rename leaves a temp file only (fsck: temp-file; gc removes it), after it and before the
     fsync either marker. rename() replaces the name itself: nothing there is followed."""
-    fsio.replace_file(root, MARKER_NAME, storeinit.marker_bytes(version))
+    fsio.replace_file(root, MARKER_NAME, marker_bytes(version))
 
 
 def _seal_function() -> SealTask | None:

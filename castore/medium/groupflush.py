@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable
 
 from castore.errors import DurabilityError
-from castore.medium import fsio
+from castore.medium import fsio, fsread
 from castore.medium.flushpolicy import FlushPolicy, decide
 
 
@@ -56,7 +56,7 @@ class GroupFlush:
         if policy.shared:
             # Opened before any write it must answer for: syncfs reports a write-back error
             # only to descriptors opened before the error (the superblock's errseq).
-            self._root_fd = fsio.open_directory(root)
+            self._root_fd = fsread.open_directory(root)
         self.rounds = 0  # shared flushes made (syncfs calls): for tests and the benchmark
         self.precise = 0  # flushes a lone caller made for itself
 
@@ -132,7 +132,7 @@ class GroupFlush:
 
     def _fd(self) -> int:
         if self._root_fd is None:
-            self._root_fd = fsio.open_directory(self.root)
+            self._root_fd = fsread.open_directory(self.root)
         return self._root_fd
 
 

@@ -14,7 +14,7 @@ import errno
 import filelock
 
 from castore.errors import TaskBusyError
-from castore.medium import fsio
+from castore.medium import oserrors
 
 LOCK_MODE = 0o664  # group members share a store
 _NO_FLOCK = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP}
@@ -49,7 +49,7 @@ class TaskLock:
             if exc.errno in _NO_FLOCK:
                 return False
             # A planted symlink (O_NOFOLLOW: ELOOP), no permission, an I/O error.
-            raise fsio.io_error(self._path, "opening and locking the task lock", exc) from exc
+            raise oserrors.io_error(self._path, "opening and locking the task lock", exc) from exc
         return True
 
     def release(self) -> None:
@@ -57,4 +57,4 @@ class TaskLock:
         try:
             self._lock.release()
         except OSError as exc:  # the kernel dropped the lock with the descriptor; an I/O error
-            raise fsio.io_error(self._path, "releasing the task lock", exc) from exc
+            raise oserrors.io_error(self._path, "releasing the task lock", exc) from exc

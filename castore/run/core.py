@@ -42,7 +42,6 @@ from castore.format.records import (
     Writer,
     snapshot_version,
 )
-from castore.medium import fsio
 from castore.medium.tasklock import TaskLock
 from castore.run import gate, inflight
 from castore.run.replay import Replay
@@ -228,8 +227,8 @@ class RunCore:
             if self._settings.version >= 2 and name_is_lost(self._objects, self.head_id):
                 # A power loss took HEAD's object name (v2 commits leave it unsynced): back
                 # before a successor names HEAD (FORMAT.md §13, "A lost snapshot name").
-                restore_name(self._objects, self._slots.path(self.head.seq), self.head_id)
-            fsio.fsync_dir(self._slots.directory)
+                restore_name(self._objects, self._slots.key(self.head.seq), self.head_id)
+            self._slots.medium.flush_dir(self._slots.chain_key)
             self._head_durable = True
         # What no earlier slot names: gc could remove it before it sees this commit (refs.py).
         # Trees an acknowledged commit of this run reached are kept by gc as long as that

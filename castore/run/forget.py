@@ -28,7 +28,6 @@ from castore.errors import (
 from castore.format import codec
 from castore.format.effects import when_text
 from castore.format.records import EffectState, Snapshot, Transition, TransitionKind, Writer
-from castore.medium import fsio
 from castore.run.settings import RunSettings, encode_snapshot
 
 # A forget that loses the link to a live writer tries again on the new HEAD this often.
@@ -138,7 +137,7 @@ def forget(
         )
         data = as_v2(encode_snapshot(tombstone, settings))
         # HEAD may be a link its writer never synced: the tombstone must not outlive it.
-        fsio.fsync_dir(slots.directory)
+        slots.medium.flush_dir(slots.chain_key)
         try:
             snapshot_id = slots.commit(data, tombstone.seq, verified.head_id)
         except ConflictError:

@@ -50,7 +50,6 @@ from castore.format.records import (
     TransitionKind,
     Writer,
 )
-from castore.medium import fsio
 from castore.run.forget import as_v2, is_tombstone, refuse_forgotten
 from castore.run.run import Run
 from castore.run.settings import RunSettings, derive_key, derive_step_key, encode_snapshot
@@ -108,10 +107,10 @@ def fork(
         grown=None if snapshot.grown is None else attrs.evolve(snapshot.grown, finished=False),
     )
     data = as_v2(encode_snapshot(start, settings))
-    if os.path.isdir(new_slots.directory):
+    if new_slots.medium.exists(new_slots.chain_key):
         refuse_forgotten(new_slots)  # a forgotten id is never reused
-    fsio.make_dir_durable(os.path.dirname(new_slots.directory))
-    fsio.make_dir_durable(new_slots.directory)
+    new_slots.medium.make_dir(new_slots.task_key)
+    new_slots.medium.make_dir(new_slots.chain_key)
     try:
         head_id = new_slots.commit(
             data, 0, "<none: new task>", (snapshot.plan, tree_id, *result_refs)

@@ -151,9 +151,11 @@ def after_sends(owner: object, then: Callable[[], None]) -> None:
         job.add_done_callback(one_ended)
 
 
-def refuse(run: RunView, step_id: str, doing: str) -> None:
+def refuse(run: RunView, step_id: str, doing: str, *, across_processes: bool = True) -> None:
     """StepInFlightError if a send or call of `step_id` may still be running: registered in
-    this process, or the SUBMITTED record's submitter, another process of this host, runs."""
+    this process, or (`across_processes`) the SUBMITTED record's submitter, another process of
+    this host, runs (a person's decision may skip the second: that process may live on long
+    after its send ended, and the person resolving may know it)."""
     held = _held(run, step_id)
     if held:
         raise StepInFlightError(
@@ -164,7 +166,8 @@ def refuse(run: RunView, step_id: str, doing: str) -> None:
             "not have arrived yet",
             "retry once it has returned (castore.aio waits for it)",
         )
-    _refuse_if_submitter_runs(run, step_id, doing)
+    if across_processes:
+        _refuse_if_submitter_runs(run, step_id, doing)
 
 
 def _refuse_if_submitter_runs(run: RunView, step_id: str, doing: str) -> None:
@@ -183,7 +186,8 @@ def _refuse_if_submitter_runs(run: RunView, step_id: str, doing: str) -> None:
             step_id,
             doing,
             f"worker pid {writer.pid} on this host submitted it {age} s ago and still runs",
-            "retry once it has exited, or resolve by hand (`castore resolve`)",
+            "retry once it has exited; if you know that worker's send has ended, resolve the "
+            "effect by hand (`castore resolve ... --submitter-ended`)",
             pid=writer.pid,
         )
 

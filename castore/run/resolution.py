@@ -46,9 +46,13 @@ def resolve(
     not_done: bool = False,
     reason: str | None = None,
     who: str | None = None,
+    submitter_ended: bool = False,
 ) -> str:
     """Record a person's decision on an in-flight effect: CONFIRMED with `receipt`, or
-    NOT_DONE (it did not happen; it may be submitted again with the same key)."""
+    NOT_DONE (it did not happen; it may be submitted again with the same key). NOT_DONE is
+    refused while the effect's send may still run (castore.inflight): in this process, or in
+    the live process of this host that submitted it, unless the person says its send has
+    ended (`submitter_ended`: that process lives on, doing other work)."""
     if (receipt is None) == (not not_done):
         raise UsageError("resolve an effect either as confirmed (with a receipt) or as not done")
     if receipt is not None and not receipt.strip():
@@ -60,8 +64,9 @@ def resolve(
         target, why, effects = EffectState.CONFIRMED, reason, kept  # CONFIRMED leaves the list
         check_transition(step_id, record.state, target)
     else:
-        # Not done, while a send of it still runs in this process: nobody can know that yet.
-        inflight.refuse(run, step_id, f"resolving effect {step_id!r} as not done")
+        # Not done, while a send of it may still run: nobody can know that yet.
+        doing = f"resolving effect {step_id!r} as not done"
+        inflight.refuse(run, step_id, doing, across_processes=not submitter_ended)
         target, why = EffectState.NOT_DONE, _require(reason, "a reason")
         effects = (*kept, moved_record(record, target, run.now_ms(), why))
     transition = Transition(

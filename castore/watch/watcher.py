@@ -27,6 +27,7 @@ from castore.errors import (
     TaskNotFoundError,
     UsageError,
 )
+from castore.format.layout import TASKS_DIR, chain_key
 from castore.run.forget import tombstone_head
 from castore.store import Store
 from castore.watch.alerts import Alert, Condition, Ident, Reading, broken, gone, read_chain, span
@@ -69,7 +70,7 @@ class Watcher:
     ) -> None:
         _check_settings(stuck_after, poll, rescan_every, retention_warning)
         self._store = Store.open(store_path)
-        self._tasks_dir = self._store.layout.tasks
+        self._tasks_dir = self._store.medium.where(TASKS_DIR)
         self._on_alert = on_alert
         self._stuck_after = stuck_after
         self._poll = poll
@@ -153,7 +154,7 @@ class Watcher:
             try:
                 # An unmounted or unreachable store is not a store whose tasks all finished:
                 # without tasks/, clear nothing and try again later.
-                os.stat(self._tasks_dir)
+                self._store.medium.stat(TASKS_DIR)
                 tasks = self._store.tasks()
             except OSError as exc:
                 log.warning("cannot list the tasks of %s (%s); retrying later", self.root, exc)
@@ -218,7 +219,7 @@ class Watcher:
     def _without_head(self, task: str) -> Reading:
         """No slot 0: a task being created or removed, unless later slots exist (damage)."""
         try:
-            slots = os.listdir(self._store.layout.chain_dir(task))
+            slots = self._store.medium.names(chain_key(task))
         except OSError:
             slots = []
         if slots:

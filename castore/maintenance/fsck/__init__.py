@@ -21,7 +21,14 @@ from collections.abc import Callable, Iterable, Iterator
 import attrs
 
 from castore.errors import StoreNotFoundError, UsageError
-from castore.format.layout import TASKS_DIR, Layout, decode_task_id, encode_task_id, object_relpath
+from castore.format.layout import (
+    TASKS_DIR,
+    Layout,
+    chain_key,
+    decode_task_id,
+    encode_task_id,
+    object_relpath,
+)
 from castore.maintenance.fsck.coverage import Coverage
 from castore.maintenance.fsck.findings import CODES, Finding, Severity
 from castore.maintenance.fsck.objects import ObjectReport
@@ -33,7 +40,7 @@ from castore.maintenance.fsck.tree import (
     walk_top,
 )
 from castore.maintenance.fsck.workers import TaskContext, Workers
-from castore.medium import fsio
+from castore.medium import oserrors
 from castore.store import Store
 
 __all__ = ["CODES", "Finding", "Severity", "Summary", "check_store"]
@@ -72,7 +79,7 @@ class Summary:
         }
 
 
-@fsio.translating_iterator
+@oserrors.translating_iterator
 def check_store(
     path: str | os.PathLike[str],
     *,
@@ -198,7 +205,7 @@ def _wrong_name_or_rot(report: ObjectReport, present: dict[str, int]) -> Iterato
 
 def _tasks(store: Store, only: str | None) -> Iterator[tuple[str, str | None]]:
     if only is not None:
-        if not os.path.isdir(store.layout.chain_dir(only)):
+        if not store.medium.exists(chain_key(only)):
             raise UsageError(f"no task {only!r} in {store.root}; see `castore status`")
         yield encode_task_id(only), only
         return

@@ -15,6 +15,7 @@ from castore.format.layout import OBJECTS_DIR, is_object_name, object_relpath
 from castore.format.records import Plan
 from castore.maintenance.fsck.findings import Finding
 from castore.maintenance.fsck.objects import ObjectReport, check_named
+from castore.medium.posix import PosixMedium
 
 
 @attrs.frozen
@@ -66,7 +67,7 @@ class NamedObjects:
         """What a damaged tree or pack still names, read as gc reads it (gc keeps those, so
         fsck must not call them unreachable; if gc cannot read them, it keeps everything)."""
         try:
-            loaded = references.load_path(os.path.join(self.root, object_relpath(object_id)))
+            loaded = references.load_key(PosixMedium(self.root), object_relpath(object_id))
             return list(references.named_by(*loaded)) if isinstance(loaded, tuple) else []
         except references.UnreadableNames:
             self.unreadable = True

@@ -19,8 +19,8 @@ from castore.format.plans import validate_plan
 from castore.format.records import Plan, Snapshot
 from castore.maintenance.fsck.findings import Finding
 from castore.maintenance.fsck.packcheck import PACK_PREFIX, PackBroken, check_pack, damaged_code
-from castore.medium import fsio
-from castore.medium.fsio import read_regular_with_stat
+from castore.medium import fsread
+from castore.medium.fsread import read_regular_with_stat
 
 _EXPECTED_LINKS = {"snapshot": 2}  # a snapshot object is also its chain slot
 
@@ -79,7 +79,7 @@ def _confirmed(root: str, relpath: str, object_id: str, report: ObjectReport) ->
         return report
     path = os.path.join(root, relpath)
     try:
-        data, info = fsio.read_uncached(path), os.lstat(path)
+        data, info = fsread.read_uncached(path), os.lstat(path)
     except OSError:
         return report  # what the first read found stands
     return check_data(relpath, object_id, data, info)

@@ -24,7 +24,7 @@ from castore.format import codec
 from castore.format.layout import OBJECTS_DIR, QUARANTINE_DIR, is_object_name, temp_name
 from castore.maintenance.fsck.findings import Finding
 from castore.maintenance.fsck.objects import check_data
-from castore.medium.fsio import file_kind
+from castore.medium.oserrors import file_kind
 
 # Findings that mean "this object file must not be used": moved aside. An object of an
 # unknown format version is not damaged (a newer castore wrote it) and stays.

@@ -26,7 +26,8 @@ from castore.format.links import check_anchor, check_history, check_link, decode
 from castore.format.records import Sealed, Snapshot
 from castore.maintenance.fsck.named import NamedObjects
 from castore.maintenance.fsck.packcheck import PackFacts
-from castore.medium.fsio import read_regular
+from castore.medium.fsread import read_regular
+from castore.medium.posix import PosixMedium
 
 
 class TaskCheck(Protocol):
@@ -48,7 +49,8 @@ def read_mark(task_id: str, path: str) -> Mark | None:
     naming what is wrong (a mark that cannot be read is never ignored: every reader fails
     closed on it)."""
     try:
-        return sealmark.read_file(task_id, path)
+        directory, name = os.path.split(path)
+        return sealmark.read_file(PosixMedium(directory), task_id, name)
     except ChainError as exc:
         raise ValueError(exc.reason) from None
     except (OSError, CastoreError) as exc:

@@ -39,7 +39,8 @@ from castore.maintenance.fsck.named import NamedObjects, PlanShape
 from castore.maintenance.fsck.objects import check_data, read_with_stat
 from castore.maintenance.fsck.sealed import check_generations, check_sealed, read_mark
 from castore.maintenance.fsck.tree import temp_finding
-from castore.medium.fsio import file_kind, open_directory, read_in
+from castore.medium.fsread import open_directory, read_in
+from castore.medium.oserrors import file_kind
 
 
 @attrs.frozen

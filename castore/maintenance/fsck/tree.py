@@ -11,7 +11,6 @@ from collections.abc import Iterator
 
 import attrs
 
-from castore.chain import storeinit
 from castore.format.layout import (
     MARKER_NAME,
     OBJECTS_DIR,
@@ -21,7 +20,8 @@ from castore.format.layout import (
     parse_temp_name,
 )
 from castore.maintenance.fsck.findings import Finding
-from castore.medium.fsio import file_kind
+from castore.medium import posixinit as storeinit
+from castore.medium.oserrors import file_kind
 
 _FANOUT = re.compile(r"[0-9a-f]{2}")
 _TOP_LEVEL = {MARKER_NAME, OBJECTS_DIR, TASKS_DIR, QUARANTINE_DIR}

@@ -15,23 +15,17 @@ import stat
 
 from castore import crashpoints
 from castore.errors import CastoreError, StoreIOError, UnsafeFileError
-from castore.format import codec
 from castore.format.layout import MARKER_NAME, OBJECTS_DIR, TASKS_DIR, Layout, parse_temp_name
-from castore.medium import fsio
+from castore.format.marker import MARKER_BYTES
+from castore.medium import fsio, oserrors
 
-MARKER = {"format": "castore", "version": codec.FORMAT_VERSION}
-MARKER_BYTES = codec.encode_value(MARKER) + b"\n"
 _FANOUT = re.compile(r"[0-9a-f]{2}")
 
 
-def marker_bytes(version: int) -> bytes:
-    """The 33 bytes of the marker of format `version` (docs/FORMAT.md §3)."""
-    return codec.encode_value({"format": "castore", "version": version}) + b"\n"
-
-
-def build(layout: Layout, version: int = codec.FORMAT_VERSION) -> None:
-    """Create (or complete) the store at `layout.root`; the marker last. Safe to repeat.
-    `version`: 1 makes a v1 store, as castore 0.1.x did (the golden stores' generator)."""
+def build(root: str, marker: bytes) -> None:
+    """Create (or complete) the store at `root`; the marker (these bytes) last. Safe to
+    repeat. A v1 marker makes a v1 store, as castore 0.1.x did (the golden stores' generator)."""
+    layout = Layout(root)
     try:
         fsio.make_dirs_durable(layout.root)
         crashpoints.reach("init.root")
@@ -44,7 +38,7 @@ def build(layout: Layout, version: int = codec.FORMAT_VERSION) -> None:
         fsio.make_dir_durable(layout.tasks)
         crashpoints.reach("init.tasks")
         # Last: a directory without it is an interrupted init, which the next init completes.
-        fsio.publish_file(layout.root, MARKER_NAME, marker_bytes(version))
+        fsio.publish_file(layout.root, MARKER_NAME, marker)
     except CastoreError:
         raise  # DurabilityError, UnsafeFileError: they already say what failed
     except OSError as exc:
@@ -64,7 +58,7 @@ def _make_fanout(path: str) -> None:
     except FileExistsError:
         mode = os.lstat(path).st_mode  # an interrupted or concurrent init made it
         if not stat.S_ISDIR(mode):
-            raise UnsafeFileError(path, fsio.file_kind(mode), "directory") from None
+            raise UnsafeFileError(path, oserrors.file_kind(mode), "directory") from None
 
 
 def leftovers_only(root: str, *, but_marker: bool = False) -> str | None:
@@ -80,7 +74,7 @@ def leftovers_only(root: str, *, but_marker: bool = False) -> str | None:
     except OSError as exc:
         raise StoreIOError(root, "looking at", exc) from exc
     if not stat.S_ISDIR(info.st_mode):
-        return f"{root} is a {fsio.file_kind(info.st_mode)}, not a directory"
+        return f"{root} is a {oserrors.file_kind(info.st_mode)}, not a directory"
     for name in sorted(listdir(root)):
         if but_marker and name == MARKER_NAME:
             continue

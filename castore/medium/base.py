@@ -1,0 +1,221 @@
+"""The storage seam: what castore needs from the place that holds a store (docs/FORMAT.md §19).
+
+Everything above this floor names a store's files by **key**: the relative path of the
+format (`castore.json`, `objects/ab/<id>`, `tasks/<enc>/chain/<seq>`, ...; built only by
+castore.format.layout), never by an absolute path, and reaches them only through a Medium.
+The POSIX directory (castore.medium.posix) is one implementation, an S3 bucket prefix
+another. The contract every implementation keeps, and that the chain's correctness rests on:
+
+- **Exclusive create.** `create` and `link` make a name that did not exist; of any number of
+  callers, on any number of hosts, at most one succeeds for a name, and every other learns
+  the name exists (False). This is the commit point. Nothing else ever makes a name the
+  format gives (no rename, no overwrite), but `replace`, for the store marker alone.
+- **Durability after flush.** The bytes of a name `create` returned are durable when it
+  returns; the name itself is durable after `flush_dir` of its directory (or at once, with
+  `sync_name`). What a crash leaves is what FORMAT.md §13 lists: complete names only.
+- **What a reader sees while a writer works.** A reader sees a name whole or not at all,
+  never partial bytes under a final name. Right after another client creates a name, a
+  reader may still see it absent for a moment (a cache); `still_named` asks past every cache,
+  and `read_fresh` reads past them.
+- **Removing.** `remove` takes a name away. Where that frees it for a new exclusive create
+  (`frees_names`, POSIX), a commit must read the sealed mark after its claim (FORMAT.md 9.3,
+  step 3a); `retire` is how pruning takes away what a name holds while keeping, where the
+  medium can, the name itself (then no stale writer can claim it again).
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from collections.abc import Iterator
+
+import attrs
+
+from castore.format.limits import MAX_OBJECT_SIZE
+from castore.medium.tasklock import TaskLock
+
+
+@attrs.frozen
+class Entry:
+    """One name in a listing, with what the medium knows of it."""
+
+    name: str
+    kind: str  # "regular file", "directory", "symlink", "FIFO", ... (oserrors.file_kind's words)
+    size: int
+    mtime: float  # seconds since the epoch: gc's age
+    mode: int | None = None  # permission bits, where the medium has them
+    inode: int | None = None  # two names of one inode are one stored file (a hard link)
+    links: int | None = None  # how many names the inode has, where the medium knows
+
+    @property
+    def regular(self) -> bool:
+        return self.kind == "regular file"
+
+
+class Medium(abc.ABC):
+    """A place that holds one store's files, addressed by keys (see the module docstring)."""
+
+    #: how a person names this store (a directory path, or s3://bucket/prefix)
+    url: str
+    #: "posix" or "s3": what `castore doctor` checks, and which findings fsck can make
+    kind: str
+    #: a removed name can be created again by an exclusive create (see `retire`)
+    frees_names: bool = True
+    #: a chain slot is a second name of its snapshot's object (POSIX hard links)
+    aliases: bool = True
+
+    # -- reading ---------------------------------------------------------------------------
+    @abc.abstractmethod
+    def read(self, key: str, *, limit: int = MAX_OBJECT_SIZE) -> bytes:
+        """The bytes of `key`. FileNotFoundError if there is none; UnsafeFileError if it is
+        not a regular file (a symlink is never followed); OversizedFileError above `limit`;
+        StoreIOError (with the errno) if the medium fails."""
+
+    @abc.abstractmethod
+    def read_fresh(self, key: str, *, limit: int = MAX_OBJECT_SIZE) -> bytes:
+        """`read`, past every cache of this client: for bytes that did not hash to their
+        name, read once more before they count as corrupt (FORMAT.md 11.5)."""
+
+    @abc.abstractmethod
+    def read_head(self, key: str, size: int) -> bytes:
+        """At most the first `size` bytes of `key` (an object's header)."""
+
+    @abc.abstractmethod
+    def hash(self, key: str, *, limit: int = MAX_OBJECT_SIZE) -> str:
+        """The blake3 digest of `key`'s bytes, read in pieces (a large plan is never held)."""
+
+    @abc.abstractmethod
+    def exists(self, key: str) -> bool:
+        """True if `key` names anything (of any kind); False if not; StoreIOError if the
+        medium cannot say."""
+
+    @abc.abstractmethod
+    def still_named(self, key: str) -> bool:
+        """`exists`, as the medium's server knows it now (a cached name another client
+        removed answers False). A False is always safe for the callers: they store again."""
+
+    @abc.abstractmethod
+    def names(self, key: str) -> list[str]:
+        """The names directly under `key` (a directory, or a key prefix); FileNotFoundError
+        if there is no such directory."""
+
+    def names_if_small(self, key: str) -> list[str] | None:
+        """`names`, where one listing costs less than a few lookups (a small directory); None
+        where it would not ([] for a directory that does not exist)."""
+        del key
+        return None
+
+    @abc.abstractmethod
+    def scan(self, key: str) -> list[Entry]:
+        """Every name directly under `key`, with what is known of each (fsck and gc)."""
+
+    @abc.abstractmethod
+    def stat(self, key: str) -> Entry:
+        """What is known of `key` (FileNotFoundError if nothing is there)."""
+
+    # -- writing ---------------------------------------------------------------------------
+    @abc.abstractmethod
+    def create(self, key: str, data: bytes, *, sync_name: bool = True, mode: int = 0o444) -> bool:
+        """Create `key` holding `data`, exclusively: True if this call created it, False if
+        the name existed (the caller reads it to see what it holds). The bytes are durable
+        when this returns; so is the name, with `sync_name` (else after `flush_dir`).
+        DurabilityError if that could not be done (nothing was published);
+        FileNotFoundError if the directory it belongs in does not exist (`make_dir`)."""
+
+    @abc.abstractmethod
+    def claim(self, key: str, data: bytes, *, alias_of: str, alias_durable: bool) -> bool:
+        """The commit point (FORMAT.md 9.3 steps 2 and 3): create `key` (a chain slot) holding
+        the snapshot bytes `data`, exclusively; True if this call made it, False if the name
+        existed (the caller reads it: its own snapshot, or another writer's). `alias_of` is
+        the snapshot's object key: a medium with hard links (`aliases`) stores the object
+        there first, its name durable only with `alias_durable`, and makes the slot a second
+        name of it; another stores `key` alone, and readers find the snapshot by its slot.
+        The slot's name is durable only after `flush_dir` of its directory."""
+
+    @abc.abstractmethod
+    def link(self, source: str, key: str) -> bool:
+        """Give the bytes of `source` the new name `key`, exclusively (False: `key` existed;
+        FileNotFoundError: `source` is gone). POSIX: a hard link, the same inode."""
+
+    @abc.abstractmethod
+    def flush_dir(self, key: str) -> None:
+        """Make every name created in directory `key` durable (DurabilityError if not)."""
+
+    @abc.abstractmethod
+    def remove(self, key: str) -> None:
+        """Take the name `key` away (a missing one is fine)."""
+
+    def retire(self, key: str) -> None:
+        """Take away what `key` holds, for good, once nothing needs it (a pruned slot). Where
+        the medium can keep the name so that no exclusive create of it succeeds again, it
+        does (and sets `frees_names` False); else it removes it."""
+        self.remove(key)
+
+    @abc.abstractmethod
+    def make_dir(self, key: str) -> bool:
+        """Create directory `key` durably (its name synced in its parent); True if created,
+        False if it existed (then its name is synced again: a crashed creator may not have).
+        UnsafeFileError if something else is there. Media without directories: False."""
+
+    @abc.abstractmethod
+    def require_dir(self, key: str) -> None:
+        """UnsafeFileError if `key` exists and is not a directory itself (a symlink to one
+        is refused: a planted link must not receive the store's files)."""
+
+    @abc.abstractmethod
+    def touch(self, key: str) -> bool:
+        """Make `key` young again for gc's age rule; False if it is gone."""
+
+    @abc.abstractmethod
+    def replace(self, key: str, data: bytes) -> None:
+        """Durably replace what `key` holds in one step (readers see old or new, never a
+        mix). Only the store marker is ever replaced (castore upgrade)."""
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[list[tuple[str, bytes]]]:
+        """Objects created in this thread inside the block may be published together when it
+        ends, with fewer flushes (FORMAT.md 9.2); the list it yields holds, once the block
+        has ended, (key, bytes) of the names that existed already (the caller checks them as
+        it checks any create that returned False). Media that cannot share flushes do each
+        create on its own, as outside a block."""
+        yield []
+
+    def pending(self, key: str) -> bytes | None:
+        """The bytes of `key` if it was created in this thread's open batch and is not
+        published yet (it has no name until the batch ends)."""
+        del key
+        return None
+
+    # -- locks and the store as a whole ---------------------------------------------------------
+    @abc.abstractmethod
+    def lock(self, key: str, task_id: str, timeout: float) -> TaskLock | None:
+        """The task's local queueing lock `key` (FORMAT.md §14), held when this returns;
+        TaskBusyError after `timeout` seconds; None where the medium has no lock. A lock only
+        spares local workers a lost race: correctness never rests on it."""
+
+    @abc.abstractmethod
+    def init_store(self, marker: bytes) -> None:
+        """Create (or complete) an empty store here, the marker (`castore.json`, these bytes)
+        last, so that a store without its marker is an interrupted init. Safe to repeat and
+        to race (FORMAT.md §10.1)."""
+
+    @abc.abstractmethod
+    def interrupted_init(self, *, but_marker: bool = False) -> str | None:
+        """None if nothing is here, or only what an interrupted init leaves (the marker too,
+        with `but_marker`); else a short description of the first other thing found."""
+
+    @abc.abstractmethod
+    def is_void(self) -> bool:
+        """True if nothing at all is here (no directory, or an empty one; no key)."""
+
+    @abc.abstractmethod
+    def content_counts(self) -> tuple[int, int]:
+        """(objects, task directories) present: what a store whose marker is gone holds."""
+
+    def where(self, key: str) -> str:
+        """How to name `key` to a person (a path; a URL)."""
+        return f"{self.url}/{key}" if key else self.url
+
+    def names_are_coherent(self) -> bool:
+        """True when a lookup is the truth (no client cache can answer for another client)."""
+        return True

@@ -1,0 +1,325 @@
+"""The POSIX directory as castore's medium: keys are relative paths under the store's root.
+
+Exclusive create is `link()` of a complete, fsynced temp file (or `O_CREAT|O_EXCL`); a name is
+made durable by an fsync of its directory; both go through the process's group flush of the
+filesystem (groupflush.py), which shares them between concurrent commits where the flush
+policy trusts `syncfs`. Every system call is fsio's, so errors carry their path and errno.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+import threading
+from collections.abc import Iterator
+
+from castore import crashpoints
+from castore.errors import DurabilityError, StoreIOError
+from castore.format.layout import TMP_PREFIX
+from castore.format.limits import MAX_OBJECT_SIZE
+from castore.medium import fsio, fsread, groupflush, oserrors, posixinit
+from castore.medium.base import Entry, Medium
+from castore.medium.mountinfo import names_are_coherent
+from castore.medium.tasklock import TaskLock
+
+# gc may remove a snapshot object between its publish and the link only if the writer
+# paused longer than the grace period; each try publishes it anew.
+_CLAIM_TRIES = 3
+# A chain directory at most this large (st_size: ~340 slot names on ext4, ~400 on tmpfs) is
+# listed to find HEAD; a larger one is searched with lstat (FORMAT.md 9.4).
+LIST_BELOW = 8192
+
+
+class PosixMedium(Medium):
+    """A store in a directory of a local or shared filesystem."""
+
+    kind = "posix"
+    frees_names = True
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.url = root
+        self._prefix = root + os.sep
+        self._flush: groupflush.GroupFlush | None = None
+        self._coherent: bool | None = None
+        self._batches = threading.local()  # the open batch of each thread (batch())
+
+    def path(self, key: str) -> str:
+        """The filesystem path of `key` (for messages, and for the POSIX-only tools)."""
+        return self._prefix + key if key else self.root
+
+    @property
+    def flush(self) -> groupflush.GroupFlush:
+        """The flushes of this store's filesystem, shared by the process (groupflush.py)."""
+        if self._flush is None:
+            self._flush = groupflush.for_store(self.root)
+        return self._flush
+
+    # -- reading ---------------------------------------------------------------------------
+    def read(self, key: str, *, limit: int = MAX_OBJECT_SIZE) -> bytes:
+        return fsread.read_regular(self.path(key), limit)
+
+    def read_fresh(self, key: str, *, limit: int = MAX_OBJECT_SIZE) -> bytes:
+        return fsread.read_uncached(self.path(key), limit)
+
+    def read_head(self, key: str, size: int) -> bytes:
+        return fsread.read_prefix(self.path(key), size)
+
+    def hash(self, key: str, *, limit: int = MAX_OBJECT_SIZE) -> str:
+        return fsread.hash_regular(self.path(key), limit)
+
+    def exists(self, key: str) -> bool:
+        return fsread.exists(self.path(key))
+
+    def still_named(self, key: str) -> bool:
+        """A lookup on a local filesystem; elsewhere a listing of its directory too, since a
+        client may go on finding a name another client removed (its lookup is served from
+        cache, a listing reaches the server)."""
+        path = self.path(key)
+        try:
+            if not fsread.exists(path):
+                return False
+        except StoreIOError as exc:
+            if exc.errno != errno.ESTALE:
+                raise
+            return False
+        if self.names_are_coherent():
+            return True
+        try:
+            return os.path.basename(path) in fsread.list_names(os.path.dirname(path))
+        except FileNotFoundError:
+            return False
+
+    def names(self, key: str) -> list[str]:
+        return fsread.list_names(self.path(key))
+
+    def names_if_small(self, key: str) -> list[str] | None:
+        """One listing of a directory whose st_size is at most LIST_BELOW bytes (ext4 and
+        tmpfs: a few hundred names), which costs less than the O(log n) lookups it replaces."""
+        below = LIST_BELOW
+        path = self.path(key)
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            if exc.errno == errno.ENOTDIR:
+                return None  # the lookups say what a file in a directory's place means
+            raise oserrors.io_error(path, "looking up", exc) from exc
+        if not stat.S_ISDIR(info.st_mode) or info.st_size > below:
+            return None
+        try:
+            return fsread.list_names(path)
+        except FileNotFoundError:
+            return []
+
+    def scan(self, key: str) -> list[Entry]:
+        path = self.path(key)
+        found = []
+        with oserrors.translated(path, "listing the directory"):
+            entries = list(os.scandir(path))
+        for entry in entries:
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # removed while listed
+            found.append(_entry(entry.name, info))
+        return found
+
+    def stat(self, key: str) -> Entry:
+        path = self.path(key)
+        with oserrors.translated(path, "looking up"):
+            info = os.lstat(path)
+        return _entry(os.path.basename(path), info)
+
+    # -- writing ---------------------------------------------------------------------------
+    def create(
+        self, key: str, data: bytes, *, sync_name: bool = True, mode: int = fsio.OBJECT_MODE
+    ) -> bool:
+        opened: _Batch | None = getattr(self._batches, "open", None)
+        directory, name = os.path.split(self.path(key))
+        if opened is not None:
+            return opened.add(self, key, directory, data)
+        flush = self.flush
+        return fsio.publish_file(
+            directory,
+            name,
+            data,
+            mode,
+            sync=flush.file,
+            sync_dir=flush.directory,
+            name_durable=sync_name,
+        )
+
+    def claim(self, key: str, data: bytes, *, alias_of: str, alias_durable: bool) -> bool:
+        """The snapshot's object first (its bytes fsynced; its name synced only in a v1 store,
+        FORMAT.md 9.3 step 2), then `link()` of it as the slot: one inode, two names."""
+        source, target = self.path(alias_of), self.path(key)
+        fanout = os.path.dirname(source)
+        for _ in range(_CLAIM_TRIES):
+            fsio.require_real_directory(fanout)
+            try:
+                self.create(alias_of, data, sync_name=alias_durable)
+            except FileNotFoundError:
+                fsio.make_dir_durable(fanout)  # made on first use; gc or a person may remove it
+                continue
+            crashpoints.reach("commit.before_link")
+            try:
+                return fsio.link_new(source, target)
+            except DurabilityError as exc:
+                if exc.errno != errno.ENOENT or os.path.lexists(source):
+                    raise
+                if not os.path.isdir(os.path.dirname(target)):
+                    raise
+                # gc removed the object before the link (a long pause): store it anew
+        raise FileNotFoundError(errno.ENOENT, "the snapshot's object kept vanishing", source)
+
+    def link(self, source: str, key: str) -> bool:
+        return fsio.link_new(self.path(source), self.path(key))
+
+    def flush_dir(self, key: str) -> None:
+        self.flush.directory(self.path(key))
+
+    def remove(self, key: str) -> None:
+        fsio.remove_if_present(self.path(key))
+
+    def make_dir(self, key: str) -> bool:
+        return fsio.make_dir_durable(self.path(key))
+
+    def require_dir(self, key: str) -> None:
+        fsio.require_real_directory(self.path(key))
+
+    def touch(self, key: str) -> bool:
+        return fsio.refresh_mtime(self.path(key))
+
+    def replace(self, key: str, data: bytes) -> None:
+        directory, name = os.path.split(self.path(key))
+        fsio.replace_file(directory, name, data)
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[list[tuple[str, bytes]]]:
+        """Objects created in this thread inside the block are published together when it
+        ends: their bytes written first, one syncfs for all of them, then their names, then
+        one syncfs for the names (FORMAT.md 9.2, batches). Where flushes are not shared (FUSE,
+        NFS: flushpolicy.py) each create publishes itself, as outside a block. An error inside
+        the block publishes nothing."""
+        if getattr(self._batches, "open", None) is not None or not self.flush.policy.shared:
+            yield []  # nested, or nothing to share
+            return
+        opened = self._batches.open = _Batch()
+        try:
+            yield opened.existed
+        except BaseException:
+            opened.discard()
+            raise
+        finally:
+            self._batches.open = None
+        opened.publish(self)
+
+    def pending(self, key: str) -> bytes | None:
+        opened: _Batch | None = getattr(self._batches, "open", None)
+        return None if opened is None else opened.data.get(key)
+
+    def lock(self, key: str, task_id: str, timeout: float) -> TaskLock | None:
+        lock = TaskLock(self.path(key), task_id)
+        return lock if lock.acquire(timeout) else None
+
+    def init_store(self, marker: bytes) -> None:
+        posixinit.build(self.root, marker)
+
+    def interrupted_init(self, *, but_marker: bool = False) -> str | None:
+        return posixinit.leftovers_only(self.root, but_marker=but_marker)
+
+    def is_void(self) -> bool:
+        return not os.path.isdir(self.root) or not posixinit.listdir(self.root)
+
+    def content_counts(self) -> tuple[int, int]:
+        return posixinit.content_counts(self.root)
+
+    def where(self, key: str) -> str:
+        return self.path(key)
+
+    def names_are_coherent(self) -> bool:
+        if self._coherent is None:
+            self._coherent = names_are_coherent(self.root)
+        return self._coherent
+
+
+def _entry(name: str, info: os.stat_result) -> Entry:
+    return Entry(
+        name=name,
+        kind=oserrors.file_kind(info.st_mode),
+        size=info.st_size,
+        mtime=info.st_mtime,
+        mode=stat.S_IMODE(info.st_mode),
+        inode=info.st_ino,
+        links=info.st_nlink,
+    )
+
+
+class _Batch:
+    """Objects written as unsynced temp files, waiting for the batch's end (batch()).
+    `existed`: (key, bytes) of the names that were there already when the batch linked them:
+    the caller checks what they hold (ObjectStore does, as for any create that finds its
+    name) and publishes the bytes again if the name went meanwhile."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+        self._temps: list[tuple[str, str, str]] = []  # temp path, final path, key
+        self.existed: list[tuple[str, bytes]] = []
+
+    def add(self, medium: PosixMedium, key: str, directory: str, data: bytes) -> bool:
+        if key in self.data:
+            return True
+        fsio.require_real_directory(directory)
+        try:
+            temp = fsio.write_temp(directory, data, sync=_later)
+        except FileNotFoundError:
+            fsio.make_dir_durable(directory)  # made on first use; gc or a person may remove it
+            temp = fsio.write_temp(directory, data, sync=_later)
+        self.data[key] = data
+        self._temps.append((temp, medium.path(key), key))
+        return True
+
+    def discard(self) -> None:
+        for temp, _, _ in self._temps:
+            fsio.discard(temp)
+
+    def publish(self, medium: PosixMedium) -> None:
+        """Data durable, then names, then names durable; a failed flush publishes nothing
+        more and raises (rule O4: the temp files go, never synced again)."""
+        try:
+            _sync_all(medium, "syncing a batch's bytes")
+            for temp, final, key in self._temps:
+                try:
+                    created = fsio.link_new(temp, final)
+                except (FileNotFoundError, DurabilityError):
+                    created = False  # its directory or temp went (gc): the caller republishes
+                crashpoints.reach("object.linked")
+                if not created:
+                    self.existed.append((key, self.data[key]))
+            _sync_all(medium, "syncing a batch's names")
+        finally:
+            self.discard()
+        for _ in self._temps:
+            crashpoints.reach("object.published")  # as many arrivals as a create of each
+
+
+def _sync_all(medium: PosixMedium, operation: str) -> None:
+    """One syncfs of the store's filesystem; DurabilityError naming `operation` if it fails."""
+    try:
+        medium.flush.filesystem()
+    except OSError as exc:
+        raise DurabilityError(medium.root, operation, exc) from exc
+
+
+def _later(fd: int, path: str) -> None:
+    """A batch's temp file is flushed with the others at the batch's end (one syncfs)."""
+    del fd, path
+
+
+def is_temp(name: str) -> bool:
+    """True for a temp file's name (FORMAT.md 2.2): a write in progress, or a leftover."""
+    return name.startswith(TMP_PREFIX)
