@@ -135,11 +135,7 @@ class Store(Values):
         medium = open_medium(root, **_medium_options(options))
         # Anything else there, and it is not ours to adopt: the open below says what it is.
         # (A store another process completed meanwhile has its marker.)
-        if (
-            create
-            and not medium.exists(MARKER_KEY)
-            and medium.interrupted_init() is None
-        ):
+        if create and not medium.exists(MARKER_KEY) and medium.interrupted_init() is None:
             medium.init_store(marker_bytes())
         return cls(medium, **options)
 
