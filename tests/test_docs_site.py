@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,3 +37,57 @@ def test_the_readme_is_short() -> None:
     """The README is a front page (at most ~250 lines); the user documentation is the site."""
     lines = len((ROOT / "README.md").read_text(encoding="utf-8").splitlines())
     assert lines <= README_MAX_LINES, f"README.md has {lines} lines"
+
+
+def _hooks() -> Any:
+    spec = importlib.util.spec_from_file_location(
+        "mkdocs_hooks", ROOT / "tools" / "mkdocs_hooks.py"
+    )
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_site_nests_lists_as_github_does() -> None:
+    """An item indented to its parent's text (GitHub's rule: 2 spaces under `- `, 3 under
+    `1. `) is re-indented 4 spaces per level for Python-Markdown, continuation lines with it;
+    a list ends at a blank line followed by an unindented paragraph; code fences are kept."""
+    source = [
+        "1. Store the object.",
+        "   - **v1 store:** all of it,",
+        "     so its name is durable.",
+        "     - deeper",
+        "   - **v2 store:** without",
+        "2. Link it.",
+        "",
+        "Not in the list.",
+        "```",
+        "   - not a list item",
+        "```",
+    ]
+    expected = [
+        "1. Store the object.",
+        "    - **v1 store:** all of it,",
+        "        so its name is durable.",
+        "        - deeper",
+        "    - **v2 store:** without",
+        "2. Link it.",
+        "",
+        "Not in the list.",
+        "```",
+        "   - not a list item",
+        "```",
+    ]
+    assert expected == _hooks().nest_lists(source)
+
+
+def test_the_site_shows_a_pipe_in_a_table_cells_code_span() -> None:
+    """`\\|` in a table row's code span (GitHub's way to keep the cell whole) shows as `|`;
+    outside tables and outside code spans the text is left as written."""
+    hooks = _hooks()
+    assert "| `castore log TASK|--thread NAME` | a\\|b |" == hooks.table_pipes(
+        "| `castore log TASK\\|--thread NAME` | a\\|b |"
+    )
+    assert "text `a\\|b`" == hooks.table_pipes("text `a\\|b`")
