@@ -24,7 +24,7 @@ from pathlib import Path
 from twomounts import EngineUnavailable, Reaper, TwoMounts, free_port, fuse_missing, tail
 
 START_TIMEOUT = 60.0
-COMMIT_MS = 8.0  # commit p50 measured here (README table)
+COMMIT_MS = 8.0  # commit p50 measured here (docs/results/benchmarks.md)
 TOOLS = (
     "ceph",
     "ceph-authtool",

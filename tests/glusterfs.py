@@ -43,7 +43,8 @@ NO_CACHE_OPTIONS = {
 }
 # The kernel's caches of a FUSE mount: attributes, names, and "no such name" (defaults 1 s).
 NO_CACHE_FUSE = ("--attribute-timeout=0", "--entry-timeout=0", "--negative-timeout=0")
-COMMIT_MS = {False: 28.0, True: 7.0}  # by `caches`: commit p50 measured here (README table)
+# By `caches`: commit p50 measured here (docs/results/benchmarks.md).
+COMMIT_MS = {False: 28.0, True: 7.0}
 TOOLS = ("glusterd", "gluster", "glusterfs", "glusterfsd")
 
 

@@ -40,7 +40,7 @@ START_TIMEOUT = 15.0
 CACHE_OPTIONS = ("dir_cache=no", "entry_timeout=0", "negative_timeout=0", "attr_timeout=0")
 
 
-COMMIT_MS = 4.0  # a commit through one sshfs client, measured (README table)
+COMMIT_MS = 4.0  # a commit through one sshfs client, measured (docs/results/benchmarks.md)
 SshfsPair = TwoMounts
 
 

@@ -1,5 +1,6 @@
 """`--json` on every verb that reports something: one parseable document per line, with the
-fields the README documents. CLI tests: castore.cli.main(argv) in-process."""
+fields the CLI reference (docs/reference/cli.md) documents. CLI tests: castore.cli.main(argv)
+in-process."""
 
 from __future__ import annotations
 
@@ -117,7 +118,7 @@ def test_demo_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert castore.Store.open(tmp_path / "d").verify("demo-order-1").length == row["snapshots"]
 
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+CLI_PAGE = Path(__file__).resolve().parent.parent / "docs" / "reference" / "cli.md"
 
 
 def _types(capsys: pytest.CaptureFixture[str], *argv: str) -> list[str]:
@@ -132,7 +133,7 @@ def test_every_json_line_of_every_verb_has_a_type(
     tmp_path: Path, store: castore.Store, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Each verb's --json lines carry a "type" (the verb's name for one object; per kind of
-    line in a stream, totals last as "summary"), each type is in the README's table, and
+    line in a stream, totals last as "summary"), each type is in the CLI reference's table, and
     the old keys are kept (status's summary is still under "summary")."""
     root = str(store.root)
     make_unresolved(store)
@@ -165,7 +166,7 @@ def test_every_json_line_of_every_verb_has_a_type(
             assert expected == types, verb
     assert {"finding", "quarantine"} >= set(seen["fsck"][:-1])
     assert "quarantine" in seen["fsck"]
-    table = README.read_text().split("### JSON output", 1)[1].split("### Exit codes", 1)[0]
+    table = CLI_PAGE.read_text().split("## JSON output", 1)[1].split("## Exit codes", 1)[0]
     for kind in {kind for types in seen.values() for kind in types} | {"alert", "demo"}:
         assert f"`{kind}`" in table, kind
     _, out, _ = cli(capsys, "--store", root, "status", "--json")

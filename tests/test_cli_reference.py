@@ -11,7 +11,7 @@ import pytest
 from castore.cli import build_parser
 
 # Where the CLI reference lives (its verb table: one row per verb, `castore VERB ...` first).
-CLI_REFERENCE = Path(__file__).resolve().parent.parent / "README.md"
+CLI_REFERENCE = Path(__file__).resolve().parent.parent / "docs" / "reference" / "cli.md"
 _EVERY_VERB = {"-h", "--help", "--store"}  # documented once for all verbs, above the table
 
 

@@ -19,7 +19,7 @@ from castore.cli.threads import thread_tasks
 from castore.langgraph import CastoreSaver
 from castore.langgraph.names import generation, task_base
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+SAVER_PAGE = Path(__file__).resolve().parent.parent / "docs" / "reference" / "langgraph.md"
 
 
 def _put(saver: CastoreSaver, thread: str) -> None:
@@ -47,7 +47,7 @@ def test_status_and_log_find_a_saver_thread_by_its_name(
         _put(saver, "trip-4")
     made = [task for task in store.tasks() if task.startswith("lg-ttrip-42_")]
     assert ["lg-ttrip-42_nt_g0"] == made
-    assert "task\n`lg-ttrip-42_nt_g0`" in README.read_text()  # the id the README gives
+    assert "task\n`lg-ttrip-42_nt_g0`" in SAVER_PAGE.read_text()  # the id the docs give
     root = str(store.root)
     code, out, _ = cli(capsys, "--store", root, "status", "--thread", "trip-42", "--json")
     lines = [json.loads(line) for line in out.splitlines()]

@@ -38,7 +38,8 @@ PLAN_ID = castore.plan_id(PLAN)
 EFFECTS = tuple(step.id for step in PLAN.steps if step.effect)
 KEYS = {step: castore.derive_key(TASK, PLAN_ID, step) for step in EFFECTS}
 RETENTION_S = CLOCK_TOLERANCE_MS // 1000 + 60
-# castore resubmits only within the retention less the clock tolerance (README, clock skew).
+# castore resubmits only within the retention less the clock tolerance
+# (docs/explanation/protocol.md, "Which clock castore trusts").
 WINDOW_MS = RETENTION_S * 1000 - CLOCK_TOLERANCE_MS
 START_MS = 1_800_000_000_000
 
@@ -135,8 +136,8 @@ class EffectMachine(RuleBasedStateMachine):
         return self.model.get(step) if step is not None else None
 
     def expected_action(self, step: str | None = None) -> Action:
-        """The next-action table, written out again from README 'What a restart does', for
-        `step` (default: the frontier step)."""
+        """The next-action table, written out again from docs/explanation/protocol.md, 'What
+        a restart does', for `step` (default: the frontier step)."""
         step = step or self.step
         if step is None:
             return Action.DONE

@@ -1,7 +1,8 @@
-"""The README's inline effect form resumes as written: an exception in the block, a rerun of
-the same code, one charge in the service's ledger (or UNRESOLVED when nothing can tell).
+"""The inline effect form of the side-effects guide (docs/howto/side-effects.md) resumes as
+written: an exception in the block, a rerun of the same code, one charge in the service's
+ledger (or UNRESOLVED when nothing can tell).
 
-The block is taken from the README itself and run against the lab service (a real process
+The block is taken from that page itself and run against the lab service (a real process
 with a durable ledger) in each of its modes; the first run's request is dropped after the
 service applied it, or refused before; every later run is the same code again.
 """
@@ -26,17 +27,15 @@ from castore.lab.service import (
     start_service,
 )
 
-README = Path(__file__).resolve().parent.parent / "README.md"
-[BLOCK] = [
-    b for b in re.findall(r"```py\n(.*?)```", README.read_text(), re.S) if "run.effect(" in b
-]
+HOWTO = Path(__file__).resolve().parent.parent / "docs" / "howto" / "side-effects.md"
+[BLOCK] = [b for b in re.findall(r"```py\n(.*?)```", HOWTO.read_text(), re.S) if "run.effect(" in b]
 TASK = "order-8"
 PLAN = castore.Plan.build("checkout", "price", castore.effect("charge", "price"), "email")
 KEY = castore.derive_key(TASK, castore.plan_id(PLAN), "charge")
 
 
 class Payments:
-    """The README's `client`: charge(amount, idempotency_key=...) against the lab service;
+    """The guide's `client`: charge(amount, idempotency_key=...) against the lab service;
     the first call carries an injected fault."""
 
     def __init__(self, service: ServiceClient, fault: str) -> None:
@@ -51,7 +50,7 @@ class Payments:
 
 
 def declared(mode: str, service: ServiceClient) -> castore.Service:
-    """What the README's `payments` declares for a lab service mode."""
+    """What the guide's `payments` declares for a lab service mode."""
     if mode == "idempotent":
         return castore.Service("payments", idempotent=True, retention=86400)
     if mode == "lookup":
@@ -72,7 +71,7 @@ def lab(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, S
 
 
 def run_readme_block(store: castore.Store, payments: castore.Service, client: Payments) -> Any:
-    """One run of the worker: open the task, do "price", then the README's block as written."""
+    """One run of the worker: open the task, do "price", then the guide's block as written."""
     with store.open_task(TASK, PLAN) as run:
         if run.next_step == "price":
             run.commit_step("price", 4200)

@@ -1,4 +1,5 @@
-"""The README's examples run as written, and its two commands are the ones CI and users run."""
+"""The README's and the documentation site's examples run as written, and the README's two
+commands are the ones CI and users run."""
 
 from __future__ import annotations
 
@@ -11,20 +12,68 @@ import pytest
 
 import castore
 
-README = Path(__file__).resolve().parent.parent / "README.md"
-BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+# Every page whose ```python blocks run: the README, then each page of the site in path order.
+# (FORMAT.md's blocks are byte layouts, JavaScript and plain text, none marked python.)
+PAGES = [README, *sorted(DOCS.rglob("*.md"))]
+
+
+def _python_blocks(page: Path) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), re.S)
+
+
+def _collect() -> dict[str, str]:
+    """Each distinct block, named by its first page and its number there (a block the
+    README and a page share, the README's example, is one block, run once)."""
+    blocks: dict[str, str] = {}
+    for page in PAGES:
+        for number, block in enumerate(_python_blocks(page), 1):
+            if block not in blocks.values():
+                blocks[f"{page.relative_to(ROOT)}#{number}"] = block
+    return blocks
+
+
+NAMED = _collect()
+BLOCKS = list(NAMED.values())
+
+
+def _page(name: str) -> Path:
+    """The page of the site that holds a text a test below checks (it moved out of the README)."""
+    return DOCS / name
 
 
 def test_readme_has_runnable_examples() -> None:
-    """At least the library and side-effect examples are marked as runnable Python."""
-    assert len(BLOCKS) >= 2
+    """The README's library example is runnable Python, and so are the site's tutorial
+    examples (a first task, a side effect, two agent loops, LangGraph's two)."""
+    assert 1 <= len(_python_blocks(README))
+    tutorial = [name for name in NAMED if name.startswith("docs/tutorial/")]
+    assert len(tutorial) >= 6, tutorial
 
 
-@pytest.mark.parametrize("index", range(len(BLOCKS)))
-def test_readme_example_runs_twice_in_a_fresh_directory(index: int, tmp_path: Path) -> None:
+# The languages a fenced block may be marked with: `python` runs in the tests below; `py` is a
+# fragment that needs names defined around it (a client, a pager) and is only read.
+FENCES = {"python", "py", "sh", "text", "json", "js", ""}
+
+
+def test_every_fenced_block_is_marked_with_a_known_language() -> None:
+    """No page hides Python from these tests behind another tag (```python3, ```pycon):
+    every fenced block is marked with a language listed in FENCES."""
+    unknown = [
+        (str(page.relative_to(ROOT)), tag)
+        for page in PAGES
+        for tag in re.findall(r"^ *```([^`\s]*)\n", page.read_text(encoding="utf-8"), re.M)
+        if tag not in FENCES
+    ]
+    assert [] == unknown
+
+
+@pytest.mark.parametrize("name", list(NAMED))
+def test_readme_example_runs_twice_in_a_fresh_directory(name: str, tmp_path: Path) -> None:
     """Each example runs as written (twice: the second run resumes the finished task)."""
     script = tmp_path / "example.py"
-    script.write_text(BLOCKS[index])
+    script.write_text(NAMED[name])
     for _ in range(2):
         done = subprocess.run(
             [sys.executable, str(script)],
@@ -104,13 +153,14 @@ def test_ci_runs_the_readme_test_command() -> None:
 
 
 def _brief_sample() -> str:
-    found = re.search(r"```text\n(castore brief: .*?)```", README.read_text(), re.S)
+    page = _page("howto/brief.md").read_text()
+    found = re.search(r"```text\n(castore brief: .*?)```", page, re.S)
     assert found is not None
     return found.group(1)
 
 
 def test_readme_brief_sample_is_what_castore_prints(tmp_path: Path) -> None:
-    """The README's brief is the brief of the run it describes (HEAD's id aside: a snapshot
+    """The brief the docs show is the brief of the run it describes (HEAD's id aside: a snapshot
     holds its writer's random id): a refund marked UNRESOLVED 1.5 s after it was submitted."""
     now = [1_796_140_815_500]  # 2026-12-01T16:00:15.5Z, advanced by hand below
     store = castore.Store.open(tmp_path / "store", create=True, clock=lambda: now[0])

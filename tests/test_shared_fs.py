@@ -78,7 +78,7 @@ def test_commit_latency_through_each_client_is_near_what_round_counts_are_scaled
     two_mounts: TwoMounts,
 ) -> None:
     """Thirty commits of a small result through each mount (the median is printed for the
-    README table; not asserted: a shared test machine's load moves it tenfold), each task's
+    benchmarks page; not asserted: a shared test machine's load moves it tenfold), each task's
     chain whole when read through the other mount."""
     origin, mount_a, mount_b = two_mounts.new_dir("latency")
     castore.Store.init(origin / "store")

@@ -491,8 +491,8 @@ def test_a_v1_store_opens_as_format_1_and_a_new_store_is_format_2(tmp_path: Path
 
 
 def test_pending_needs_each_step_committed_before_the_next(store: castore.Store) -> None:
-    """`list(run.pending())` raises the UsageError the README documents, committing nothing;
-    the steps left are read from the plan and the frontier, as the README says."""
+    """`list(run.pending())` raises the UsageError the tutorial documents, committing nothing;
+    the steps left are read from the plan and the frontier, as the tutorial says."""
     with store.start(TASK, PLAN) as run:
         seq = run.head.seq
         with pytest.raises(castore.UsageError, match="was yielded but not committed"):
@@ -500,5 +500,5 @@ def test_pending_needs_each_step_committed_before_the_next(store: castore.Store)
         assert seq == run.head.seq
         left = [step.id for step in run.plan.steps[run.head.frontier.index :]]
         assert [step.id for step in PLAN.steps] == left
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    assert "`list(run.pending())` raises `UsageError`" in readme
+    tutorial = Path(__file__).resolve().parent.parent / "docs" / "tutorial" / "first-task.md"
+    assert "`list(run.pending())` raises `UsageError`" in tutorial.read_text()

@@ -7,8 +7,9 @@ under `strace -e inject=SYSCALL:error=ERRNO:when=N`, where N is chosen from a fi
 run of the same case (calls are counted per process and per syscall, as strace counts them),
 so that the fault lands on a call whose arguments name a path in the store, never in
 Python's startup. Then:
-- the exit status is a documented one (README "Exit codes"; 1 only for fsck's findings), and
-  stderr is at most one line, never a traceback; the library raises CastoreError only;
+- the exit status is a documented one (docs/reference/cli.md, "Exit codes"; 1 only for fsck's
+  findings), and stderr is at most one line, never a traceback; the library raises CastoreError
+  only;
 - nothing is half-published: fsck of the store afterwards finds no error;
 - nothing is lost: every task still verifies at least as far as it did before, and as far
   as the child acknowledged.
@@ -133,8 +134,8 @@ class Case:
         return f"{verb}-{self.syscall}-{self.err}-{self.pick}"
 
 
-# Exit statuses a verb may end with under a fault besides its fault-free one (README "Exit
-# codes"): 7 for an I/O error; fsck reports what it could not read as findings (1).
+# Exit statuses a verb may end with under a fault besides its fault-free one (docs/reference/cli.md
+# "Exit codes"): 7 for an I/O error; fsck reports what it could not read as findings (1).
 FAULT_EXITS = {"fsck": {1, 7}, "gc": {2, 7}}
 CLI_CASES = {
     "status": ("status",),

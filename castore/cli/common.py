@@ -16,7 +16,8 @@ from castore import errors
 DEFAULT_STORE = ".castore"
 STORE_ENV = "CASTORE_STORE"
 
-# Documented in README "Exit codes": a script can tell what went wrong without parsing text.
+# Documented in docs/reference/cli.md, "Exit codes": a script can tell what went wrong
+# without parsing text.
 EXIT_OK = 0
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a tool killed by it
 EXIT_FINDINGS = 1  # fsck found errors; doctor found the filesystem unsafe
@@ -105,8 +106,9 @@ def open_store(args: argparse.Namespace) -> castore.Store:
 
 def emit_json(kind: str, value: Mapping[str, object], *, flush: bool = False) -> None:
     """One JSON object on one line of stdout (every verb's --json output), with a "type"
-    field saying what the line is (README, "JSON output"): the verb's name for a verb that
-    prints one object, else the kind of line ("task", "finding", ..., "summary")."""
+    field saying what the line is (docs/reference/cli.md, "JSON output"): the verb's name
+    for a verb that prints one object, else the kind of line ("task", "finding", ...,
+    "summary")."""
     print(json.dumps({"type": kind, **value}, sort_keys=True, ensure_ascii=False), flush=flush)
 
 

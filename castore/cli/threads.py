@@ -1,7 +1,7 @@
 """`--thread NAME [--ns NS]`: the castore tasks a LangGraph thread is stored in.
 
 CastoreSaver names its tasks from the thread id and the checkpoint namespace, encoded by
-`castore.langgraph.names` (README, "The checkpointer"), then a generation suffix. The lookup
+`castore.langgraph.names` (docs/reference/langgraph.md), then a generation suffix. The lookup
 only relies on the encoded start: a task belongs to a thread when its id starts with the
 thread's encoded part, and to one namespace when it starts with that namespace's encoded
 base followed by a field separator, whatever the suffix after it says.

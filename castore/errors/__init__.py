@@ -43,7 +43,7 @@
     │   └── MalformedFrontierError               frontier out of range, unknown step or version
     │       └── UnknownVersionError (also FormatVersionError)
     ├── EffectError
-    │   ├── IllegalTransitionError               a state change PROTOCOL.md does not allow
+    │   ├── IllegalTransitionError               a state change the protocol does not allow
     │   ├── EffectNotReadyError                  the effect's next action is not what was asked
     │   └── OutcomeUnknownError                  the effect is UNRESOLVED: a person must decide
     ├── StepInFlightError                        a send or call of the step may still run, in

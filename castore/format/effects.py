@@ -1,8 +1,8 @@
 """The side-effect protocol: effect states, legal transitions and the next action per state.
 
 This module decides; `run` commits. Nothing here touches the store, so every row of the
-next-action table (PROTOCOL.md) is a pure function of an effect record, what its service
-can do, and the time.
+next-action table (docs/explanation/protocol.md) is a pure function of an effect record,
+what its service can do, and the time.
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ _S = EffectState
 # down: the window castore uses is the declared retention minus this, and any skew the chain
 # itself shows, however small, means no automatic resubmission at all.
 CLOCK_TOLERANCE_MS = 5 * 60 * 1000
-# PROTOCOL.md's diagram, plus SUBMITTED → SUBMITTED: a resubmission with the same key is
-# committed too, so that only the worker whose commit won may send it.
+# The protocol's transitions (docs/explanation/protocol.md), plus SUBMITTED → SUBMITTED: a
+# resubmission with the same key is committed too, so that only the worker whose commit won
+# may send it.
 ALLOWED: dict[EffectState, frozenset[EffectState]] = {
     _S.PLANNED: frozenset({_S.SUBMITTED}),
     _S.SUBMITTED: frozenset({_S.SUBMITTED, _S.CONFIRMED, _S.UNRESOLVED, _S.NOT_DONE}),
@@ -36,7 +37,7 @@ ALLOWED: dict[EffectState, frozenset[EffectState]] = {
 
 
 def check_transition(step: str, current: EffectState, requested: EffectState) -> None:
-    """Raise IllegalTransitionError unless PROTOCOL.md allows current → requested."""
+    """Raise IllegalTransitionError unless the protocol allows current → requested."""
     if requested not in ALLOWED[current]:
         raise IllegalTransitionError(step, current.value, requested.value)
 
@@ -103,7 +104,7 @@ class Service:
 
 
 class Action(enum.StrEnum):
-    """The one thing to do next for a step (PROTOCOL.md, 'What a restart does')."""
+    """The one thing to do next for a step (docs/explanation/protocol.md, 'What a restart does')."""
 
     RUN = "run"  # a plain step: run it and commit its result
     SUBMIT = "submit"  # commit SUBMITTED, then send with the key

@@ -1,4 +1,4 @@
-"""What a snapshot may not hold: credentials and large payloads (PROTOCOL.md).
+"""What a snapshot may not hold: credentials and large payloads (docs/reference/payloads.md).
 
 The secret guard looks at everything a caller hands in to be stored: each string value (in
 lists too), each dict key at any depth, the task id and the environment anchor. It refuses:

@@ -22,7 +22,7 @@ _RECORD_FIELDS = tuple(field.name for field in attrs.fields(EffectRecord))
 
 
 def illegal_changes(parent: Snapshot, child: Snapshot) -> list[str]:
-    """Every change from `parent` to `child` (its successor) that PROTOCOL.md does not
+    """Every change from `parent` to `child` (its successor) that the protocol does not
     allow, one message each; [] for a legal link. Also accepts fsck's snapshot views."""
     if parent.transition.kind is TransitionKind.FORGET:
         # A stale writer's commit after the tombstone would bring a forgotten task back.

@@ -14,7 +14,7 @@ import attrs
 
 
 class EffectState(enum.StrEnum):
-    """Where a side effect stands (PROTOCOL.md)."""
+    """Where a side effect stands (docs/explanation/protocol.md)."""
 
     PLANNED = "PLANNED"
     SUBMITTED = "SUBMITTED"

@@ -40,7 +40,7 @@ T = TypeVar("T")
 
 
 def next_action(run: RunView, step_id: str | None) -> NextAction:
-    """The one next action for a step, per the table in PROTOCOL.md."""
+    """The one next action for a step, per the table in docs/explanation/protocol.md."""
     frontier = run.head.frontier
     if step_id is None:
         if frontier.step is None:

@@ -124,7 +124,8 @@ class Run(RunCore):
 
     # -- effects (the protocol itself is in castore.run.protocol) --------------------------
     def next_action(self, step_id: str | None = None) -> NextAction:
-        """The one next action for `step_id` (default: the frontier step), per PROTOCOL.md."""
+        """The one next action for `step_id` (default: the frontier step), per the table of
+        docs/explanation/protocol.md."""
         return protocol.next_action(self, step_id)
 
     def effect(
