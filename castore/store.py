@@ -7,50 +7,36 @@ import os
 from collections.abc import Collection, Iterator
 from typing import Any
 
-from castore.chain import briefview, sealmark, status
+from castore.chain import briefview
 from castore.chain.marker import open_marker
 from castore.chain.objects import ObjectStore
 from castore.chain.outcomes import Outcomes
-from castore.chain.packwalk import read_pack
-from castore.chain.refs import TaskSlots
 from castore.chain.seal import SEAL_EVERY
-from castore.chain.status import TaskStatus
-from castore.chain.values import Values
 from castore.chain.verify import (
     VerifiedChain,
-    decode_snapshot,
-    verified_head,
-    verify_chain,
-    verify_head,
 )
 from castore.errors import (
     ConflictError,
     ForkError,
-    FormatVersionError,
     IntegrityError,
     StoreExistsError,
     TaskExistsError,
     TaskNotFoundError,
-    UsageError,
 )
 from castore.format import codec
-from castore.format.digest import hash_bytes
 from castore.format.guard import DEFAULT_SNAPSHOT_BUDGET
 from castore.format.layout import (
-    CHAIN_DIR,
     MARKER_KEY,
     OBJECTS_DIR,
     TASKS_DIR,
     Layout,
-    decode_task_id,
     lock_key,
-    slot_name,
     task_key,
 )
 from castore.format.marker import marker_bytes
 from castore.format.plans import plan_id as plan_digest
 from castore.format.plans import validate_plan
-from castore.format.records import Plan, Snapshot
+from castore.format.records import Plan
 from castore.medium import oserrors
 from castore.medium.base import Medium
 from castore.medium.posix import PosixMedium
@@ -59,6 +45,7 @@ from castore.medium.tasklock import TaskLock
 from castore.run import brief, forget, fork, gate, resolution
 from castore.run.forget import Forgotten
 from castore.run.fork import Forked
+from castore.run.reading import Reading
 from castore.run.run import Run
 from castore.run.settings import (
     Clock,
@@ -71,11 +58,10 @@ from castore.run.settings import (
 )
 
 DEFAULT_LOCK_TIMEOUT = 10.0
-FIRST_SLOT = slot_name(0)
 
 
 @oserrors.translating_methods  # no OSError leaves the public API: a castore error names the path
-class Store(Values):
+class Store(Reading):
     """One store: a directory, or an s3:// bucket prefix. Open it with `Store.open` or create
     it with `Store.init`."""
 
@@ -258,22 +244,6 @@ class Store(Values):
         with self._decision_run(task_id, keep_env=env is None, env=env) as run:
             return resolution.override(run, plan, new_plan_id, who=who, why=why)
 
-    def status(self, task_id: str, *, verify: bool = False) -> TaskStatus:
-        """Where a task stands, from its HEAD alone, trusting the chain below it (a HEAD that
-        does not verify is reported in `.error`, not raised). `verify=True` checks the whole
-        chain first, as a resume does, and reports any damage in it the same way."""
-        try:
-            tombstone = forget.tombstone_head(self._slots(task_id)) if verify else None
-            if tombstone is not None:
-                head = tombstone  # the history below a tombstone may be reclaimed (gc)
-            elif verify:
-                head = verified_head(self.verify(task_id))
-            else:
-                head = verify_head(self._slots(task_id))
-        except (IntegrityError, FormatVersionError) as exc:  # a planted file included
-            return status.broken(task_id, exc)
-        return status.describe(head, self._clock())
-
     def brief(
         self,
         task_id: str,
@@ -396,71 +366,6 @@ class Store(Values):
         """A growing plan is format 2 (its plan object and every snapshot of its task)."""
         if plan.grows:
             self._require_v2(f"a growing plan ({plan.name!r})")
-
-    def _verify_live(
-        self,
-        slots: TaskSlots,
-        expected_plan: tuple[str, Plan] | None = None,
-        *,
-        keep_tail: bool = False,
-    ) -> VerifiedChain:
-        """The verified chain of a task that may still be worked on: TaskForgottenError if
-        it ends with a tombstone (whose history gc may have reclaimed, breaking the walk).
-        `keep_tail`: keep the tail's bytes, for a run that seals."""
-        try:
-            chain = verify_chain(self.objects, slots, expected_plan, keep_tail=keep_tail)
-        except (IntegrityError, TaskNotFoundError):
-            forget.refuse_forgotten(slots)
-            raise
-        if forget.is_tombstone(chain.head):
-            raise forget.forgotten_error(slots.task_id, chain.head)
-        return chain
-
-    def verify(self, task_id: str) -> VerifiedChain:
-        """Verify one task's chain without resuming it (read-only; ChainError if broken)."""
-        return verify_chain(self.objects, self._slots(task_id))
-
-    def tasks(self) -> list[str]:
-        """Every started task's id, sorted (an interrupted start, without slot 0, is fsck's
-        `no-chain` warning, not a task)."""
-        try:
-            names = self.medium.names(TASKS_DIR)
-        except FileNotFoundError:
-            return []
-        found = []
-        for name in names:
-            try:
-                task_id = decode_task_id(name)
-            except UsageError:
-                continue  # not castore's: fsck reports it
-            # From the name decode_task_id checked (status pays for each id once, not thrice).
-            # Slot 0 of a long task may be pruned: its sealed mark then says it started.
-            task = f"{TASKS_DIR}/{name}"
-            if (
-                self.medium.exists(f"{task}/{CHAIN_DIR}/{FIRST_SLOT}")
-                or sealmark.TaskMarks(self.medium, task_id, task).started()
-            ):
-                found.append(task_id)
-        return sorted(found)
-
-    def history(self, task_id: str) -> list[tuple[str, Snapshot]]:
-        """(id, snapshot) for every snapshot of a verified task, newest first: the tail as
-        the walk kept it, then each pack's snapshots (its digest was verified by the walk)."""
-        chain = verify_chain(self.objects, self._slots(task_id), keep_tail=True)
-        found = [(hash_bytes(data), decode_snapshot(data)) for data in reversed(chain.tail)]
-        for ref in chain.outcomes.pack_refs:
-            pack = read_pack(self.objects, task_id, ref.id)
-            found += [
-                (hash_bytes(data), decode_snapshot(data)) for data in reversed(pack.inflate())
-            ]
-        return found
-
-    def _slots(self, task_id: str) -> TaskSlots:
-        slots = TaskSlots(self.medium, self.objects, task_id)
-        # One lookup each (status calls this per task): absent is fine, a symlink is refused.
-        for directory in (slots.task_key, slots.chain_key):
-            self.medium.require_dir(directory)
-        return slots
 
     @contextlib.contextmanager
     def _locked(self, task_id: str, timeout: float | None) -> Iterator[TaskLock | None]:
