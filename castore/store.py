@@ -83,6 +83,7 @@ class Store(Reading):
         self._heights: dict[str, int] = {}
         # A v1 store is read and written as v1 until `castore upgrade` (FORMAT.md §18).
         self.format_version: int = open_marker(self.medium)
+        self.medium.check_safe()
         self.objects.snapshot_names_durable = self.format_version < 2
 
     @classmethod

@@ -21,6 +21,7 @@ from cephfs import mount_ceph_pair
 from glusterfs import mount_gluster_pair
 from helpers import Entry, tree_snapshot
 from hypothesis import settings
+from s3servers import S3Endpoint, start_moto, start_rgw
 from sshfs import SshfsPair, SshfsUnavailable, mount_sshfs_pair
 from twomounts import EngineUnavailable, TwoMounts
 
@@ -88,6 +89,44 @@ def two_mounts(
         pytest.fail(f"{engine} tests must run in CI (CI is set), but: {reason}", pytrace=False)
     if reason:
         pytest.skip(f"{engine} unavailable: {reason}")
+
+
+S3_ENGINES: dict[str, Callable[[Path], contextlib.AbstractContextManager[S3Endpoint]]] = {
+    "moto": start_moto,
+    "rgw": start_rgw,
+}
+
+
+@pytest.fixture(
+    scope="session",
+    params=[pytest.param(engine, marks=pytest.mark.s3) for engine in S3_ENGINES],
+)
+def s3_endpoint(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[S3Endpoint]:
+    """An S3 server on 127.0.0.1, each engine in turn: moto's server (a mock) and a Ceph RADOS
+    Gateway (tests/s3servers.py). Skips when its packages are missing, except under CI."""
+    engine: str = request.param
+    reason = ""
+    try:
+        with S3_ENGINES[engine](tmp_path_factory.mktemp(engine)) as endpoint:
+            yield endpoint
+    except EngineUnavailable as exc:
+        reason = str(exc)
+    if reason and _in_ci():
+        pytest.fail(f"{engine} tests must run in CI (CI is set), but: {reason}", pytrace=False)
+    if reason:
+        pytest.skip(f"{engine} unavailable: {reason}")
+
+
+@pytest.fixture
+def s3(s3_endpoint: S3Endpoint, monkeypatch: pytest.MonkeyPatch) -> S3Endpoint:
+    """`s3_endpoint`, with the environment (the boto3 way: AWS_ENDPOINT_URL_S3, keys, region)
+    pointing at it, for this process, its children and the CLI."""
+    for name, value in s3_endpoint.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    return s3_endpoint
 
 
 settings.register_profile("ci", derandomize=True, max_examples=50, deadline=None)

@@ -23,7 +23,12 @@ def read_snapshot(objects: ObjectStore, slots: TaskSlots, object_id: str, seq: i
     """The framed bytes of snapshot `object_id`, verified, from its object name or else from
     chain slot `seq`. ObjectMissingError (the name's) when neither holds those bytes: a slot
     that is gone or holds other bytes does not stand for the missing name; ObjectCorruptError
-    as `ObjectStore.read` raises it."""
+    as `ObjectStore.read` raises it. Where a slot is the only copy of its snapshot (a medium
+    without hard links, S3), the slot is read first: one request, not two."""
+    if not objects.medium.aliases:
+        data = _slot_bytes(slots, seq, object_id)
+        if data is not None:
+            return data
     try:
         return objects.read(object_id)
     except ObjectMissingError:

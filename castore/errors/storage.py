@@ -57,7 +57,8 @@ class FormatVersionError(StoreError):
 # disk (and the reverse). Everything else is the disk's or the filesystem's health.
 _ADVICE = {
     errno.EACCES: "check the permissions: the user running castore needs read and write "
-    "access to the store's directories and files (owner, group, mode)",
+    "access to the store's directories and files (owner, group, mode), or, on S3, its "
+    "credentials to the bucket's keys",
     errno.EPERM: "check the permissions and attributes (owner, group, mode, immutable flag) "
     "of the store's directories and files",
     errno.EROFS: "the filesystem is mounted read-only; remount it read-write",
@@ -69,6 +70,9 @@ _ADVICE = {
     errno.EMFILE: "too many open files: raise the limit (ulimit -n)",
     errno.ENFILE: "the system ran out of file descriptors: close other programs or raise it",
     errno.ENAMETOOLONG: "the path is too long for this filesystem: use a shorter store path",
+    errno.ETIMEDOUT: "the store's endpoint did not answer: check its address, the network "
+    "and that it runs",
+    errno.EAGAIN: "the store's endpoint kept failing (5xx, SlowDown): wait for it to recover",
 }
 _ADVICE[errno.ENOENT] = (
     "it vanished while castore used it: another process or a person removed it; "

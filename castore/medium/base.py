@@ -212,6 +212,10 @@ class Medium(abc.ABC):
     def content_counts(self) -> tuple[int, int]:
         """(objects, task directories) present: what a store whose marker is gone holds."""
 
+    def check_safe(self) -> None:
+        """Refuse (a CastoreError saying why) a medium whose commit point cannot be trusted:
+        one whose exclusive create was seen to let a second caller succeed."""
+
     def where(self, key: str) -> str:
         """How to name `key` to a person (a path; a URL)."""
         return f"{self.url}/{key}" if key else self.url

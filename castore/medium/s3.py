@@ -1,0 +1,344 @@
+"""An S3 bucket prefix as castore's medium (castore[s3]; docs/FORMAT.md §19.3).
+
+Keys are S3 keys under the prefix. The commit point is `PUT If-None-Match: *` of the chain
+slot's key, holding the snapshot's bytes: of any number of writers one gets 200 and the
+others 412. There are no hard links (`aliases` False): a snapshot has no object key, only its
+slot, which every reader falls back to. A pruned slot keeps its key and its bytes (`retire`
+does nothing, `frees_names` False): no name is ever freed, so no stale writer can create a
+pruned slot again and a commit needs no read of the sealed mark after its claim; nobody
+reads below the mark. There are no directories (a "directory" is a key prefix), no locks, no
+temp files (a PUT is whole or absent), no modes, inodes or link counts.
+
+An endpoint that ignores `If-None-Match` would let two writers both commit: a store records
+that its endpoint refused a second exclusive create (`castore-medium.json`, written by init
+or `castore doctor`), and `Store.open` refuses one whose record is missing or says otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import time
+from typing import Any
+from urllib.parse import urlparse
+
+from castore import crashpoints
+from castore.errors import (
+    CastoreError,
+    DurabilityError,
+    OversizedFileError,
+    StoreIOError,
+    StoreNotFoundError,
+)
+from castore.format.digest import Hasher
+from castore.format.layout import MARKER_KEY, OBJECTS_DIR, TASKS_DIR
+from castore.format.limits import MAX_OBJECT_SIZE
+from castore.medium.base import Entry, Medium
+from castore.medium.s3client import Client, Exists, Missing
+from castore.medium.tasklock import TaskLock
+
+VERDICT_KEY = "castore-medium.json"
+_CHUNK = 1 << 20
+# The keys that name "directories" of the format (a key prefix on S3): everything else is a
+# file's key, looked up with one HEAD.
+_DIRECTORY = re.compile(r"(objects|tasks)(/[0-9a-f]{2})?|tasks/[^/]+(/(chain|marks))?|")
+_PROBE_KEY = ".castore-probe"
+
+
+class S3Medium(Medium):
+    """A store at s3://bucket/prefix."""
+
+    kind = "s3"
+    frees_names = False
+    aliases = False
+
+    def __init__(self, client: Client, prefix: str) -> None:
+        self.client = client
+        self.prefix = prefix.strip("/")
+        self.url = f"s3://{client.bucket}/{self.prefix}" if self.prefix else f"s3://{client.bucket}"
+        self._head = f"{self.prefix}/" if self.prefix else ""
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> S3Medium:
+        """The store at `url` (s3://bucket[/prefix]); `options` are the client's (endpoint_url,
+        region_name, profile_name, aws_access_key_id, ...; unset: the environment and the
+        AWS config files, the boto3 way)."""
+        parsed = urlparse(url)
+        if parsed.scheme != "s3" or not parsed.netloc:
+            raise StoreNotFoundError(
+                url, "not an s3://bucket/prefix URL", "give s3://BUCKET/PREFIX"
+            )
+        return cls(Client(parsed.netloc, **options), parsed.path)
+
+    def s3_key(self, key: str) -> str:
+        return self._head + key
+
+    def where(self, key: str) -> str:
+        return f"{self.url}/{key}" if key else self.url
+
+    # -- reading ---------------------------------------------------------------------------
+    def read(self, key: str, *, limit: int = MAX_OBJECT_SIZE) -> bytes:
+        where = self.where(key)
+        try:
+            response = self.client.call(where, "get_object", Key=self.s3_key(key))
+            return self.client.body(response, where, limit)
+        except Missing:
+            raise FileNotFoundError(2, "no such key", where) from None
+        except OverflowError as exc:
+            raise OversizedFileError(where, int(str(exc)), limit) from None
+
+    def read_fresh(self, key: str, *, limit: int = MAX_OBJECT_SIZE) -> bytes:
+        return self.read(key, limit=limit)  # S3 reads are strongly consistent: no cache
+
+    def read_head(self, key: str, size: int) -> bytes:
+        where = self.where(key)
+        try:
+            response = self.client.call(
+                where, "get_object", Key=self.s3_key(key), Range=f"bytes=0-{max(size, 1) - 1}"
+            )
+            return self.client.body(response, where, size)
+        except Missing:
+            raise FileNotFoundError(2, "no such key", where) from None
+
+    def hash(self, key: str, *, limit: int = MAX_OBJECT_SIZE) -> str:
+        where = self.where(key)
+        try:
+            response = self.client.call(where, "get_object", Key=self.s3_key(key))
+        except Missing:
+            raise FileNotFoundError(2, "no such key", where) from None
+        if int(response.get("ContentLength", 0)) > limit:
+            raise OversizedFileError(where, int(response["ContentLength"]), limit)
+        hasher = Hasher()
+        for chunk in self.client.chunks(response, _CHUNK):
+            hasher.update(chunk)
+        return hasher.hexdigest()
+
+    def exists(self, key: str) -> bool:
+        if _DIRECTORY.fullmatch(key):
+            return self._has_children(key)
+        try:
+            self.client.call(self.where(key), "head_object", Key=self.s3_key(key))
+        except Missing:
+            return False
+        return True
+
+    def still_named(self, key: str) -> bool:
+        return self.exists(key)  # S3 lookups are strongly consistent
+
+    def _has_children(self, key: str) -> bool:
+        prefix = self.s3_key(key) + "/" if key else self._head
+        page = self.client.call(self.where(key), "list_objects_v2", Prefix=prefix, MaxKeys=1)
+        return int(page.get("KeyCount", 0)) > 0
+
+    def names(self, key: str) -> list[str]:
+        return [entry.name for entry in self.scan(key)]
+
+    def names_if_small(self, key: str) -> list[str] | None:
+        """One ListObjectsV2 page (up to 1,000 names) where it holds every name under `key`."""
+        prefix = self.s3_key(key) + "/"
+        page = self.client.call(
+            self.where(key), "list_objects_v2", Prefix=prefix, Delimiter="/", MaxKeys=1000
+        )
+        if page.get("IsTruncated"):
+            return None
+        return [item["Key"][len(prefix) :] for item in page.get("Contents", ())]
+
+    def scan(self, key: str) -> list[Entry]:
+        prefix = self.s3_key(key) + "/" if key else self._head
+        found = []
+        for page in self.client.pages(self.where(key), Prefix=prefix, Delimiter="/"):
+            for item in page.get("Contents", ()):
+                found.append(
+                    Entry(
+                        name=item["Key"][len(prefix) :],
+                        kind="regular file",
+                        size=int(item["Size"]),
+                        mtime=item["LastModified"].timestamp(),
+                    )
+                )
+            for common in page.get("CommonPrefixes", ()):
+                name = common["Prefix"][len(prefix) :].rstrip("/")
+                found.append(Entry(name=name, kind="directory", size=0, mtime=0.0))
+        return found
+
+    def stat(self, key: str) -> Entry:
+        name = key.rsplit("/", 1)[-1]
+        if _DIRECTORY.fullmatch(key):
+            if key == "" or self._has_children(key):
+                return Entry(name=name, kind="directory", size=0, mtime=0.0)
+            raise FileNotFoundError(2, "no such key", self.where(key))
+        try:
+            head = self.client.call(self.where(key), "head_object", Key=self.s3_key(key))
+        except Missing:
+            raise FileNotFoundError(2, "no such key", self.where(key)) from None
+        return Entry(
+            name=name,
+            kind="regular file",
+            size=int(head["ContentLength"]),
+            mtime=head["LastModified"].timestamp(),
+        )
+
+    # -- writing ---------------------------------------------------------------------------
+    def create(self, key: str, data: bytes, *, sync_name: bool = True, mode: int = 0o444) -> bool:
+        del sync_name, mode  # a PUT is durable when answered; S3 keys have no modes
+        return self._create(key, data)
+
+    def _create(self, key: str, data: bytes) -> bool:
+        """PUT If-None-Match: *; True if this call made the key. A 412 after an attempt whose
+        answer was lost (the retry's own success) is told apart by reading the key back: its
+        own bytes mean this call made it."""
+        where = self.where(key)
+        try:
+            self.client.call(where, "put_object", Key=self.s3_key(key), Body=data, IfNoneMatch="*")
+        except Exists as exists:
+            # Only a retry can meet its own earlier success: then the key holds these bytes.
+            return exists.after_retry and self._holds(key, data)
+        except StoreIOError as exc:
+            raise DurabilityError(where, "creating (S3 PUT If-None-Match)", exc) from exc
+        return True
+
+    def _holds(self, key: str, data: bytes) -> bool:
+        try:
+            return self.read(key, limit=len(data) + 1) == data
+        except (FileNotFoundError, OversizedFileError):
+            return False
+
+    def claim(self, key: str, data: bytes, *, alias_of: str, alias_durable: bool) -> bool:
+        del alias_of, alias_durable  # no hard links: the slot alone holds the snapshot
+        crashpoints.reach("commit.before_link")
+        return self._create(key, data)
+
+    def link(self, source: str, key: str) -> bool:
+        """A copy, made exclusively: the bytes read, then PUT If-None-Match (two requests)."""
+        return self._create(key, self.read(source))
+
+    def flush_dir(self, key: str) -> None:
+        del key  # a PUT is durable when it is answered
+
+    def remove(self, key: str) -> None:
+        self.client.call(self.where(key), "delete_object", Key=self.s3_key(key))
+
+    def retire(self, key: str) -> None:
+        del key  # the name and its bytes stay, so no writer can create it again
+
+    def make_dir(self, key: str) -> bool:
+        del key
+        return False  # a key prefix exists by its keys
+
+    def require_dir(self, key: str) -> None:
+        del key  # nothing can be planted in a key prefix's place
+
+    def touch(self, key: str) -> bool:
+        """A copy of the key onto itself (new LastModified, same bytes)."""
+        s3_key = self.s3_key(key)
+        try:
+            self.client.call(
+                self.where(key),
+                "copy_object",
+                Key=s3_key,
+                CopySource={"Bucket": self.client.bucket, "Key": s3_key},
+                MetadataDirective="REPLACE",
+                Metadata={"touched": str(int(time.time()))},
+            )
+        except Missing:
+            return False
+        return True
+
+    def replace(self, key: str, data: bytes) -> None:
+        self.client.call(self.where(key), "put_object", Key=self.s3_key(key), Body=data)
+
+    def check_safe(self) -> None:
+        require_safe(self)
+
+    # -- locks and the store as a whole ---------------------------------------------------------
+    def lock(self, key: str, task_id: str, timeout: float) -> TaskLock | None:
+        del key, task_id, timeout
+        return None  # no lock: the commit point alone keeps commits apart
+
+    def init_store(self, marker: bytes) -> None:
+        """Check the endpoint refuses a second exclusive create (and record it), then the
+        marker, exclusively: an endpoint that ignores If-None-Match never gets a store."""
+        exclusive = probe_exclusive_create(self)
+        record_verdict(self, exclusive, "castore init")
+        if not exclusive:
+            raise UnsafeEndpointError(self.url)
+        self._create(MARKER_KEY, marker)
+
+    def interrupted_init(self, *, but_marker: bool = False) -> str | None:
+        for entry in self.scan(""):
+            if entry.name in (VERDICT_KEY, _PROBE_KEY) or (but_marker and entry.name == MARKER_KEY):
+                continue
+            if entry.name == MARKER_KEY:
+                return f"it has a {MARKER_KEY}"
+            return f"it holds {entry.name!r}"
+        return None
+
+    def is_void(self) -> bool:
+        return not self._has_children("")
+
+    def content_counts(self) -> tuple[int, int]:
+        objects = sum(
+            int(page.get("KeyCount", 0))
+            for page in self.client.pages(
+                self.where(OBJECTS_DIR), Prefix=self.s3_key(OBJECTS_DIR) + "/"
+            )
+        )
+        return objects, len(self.names(TASKS_DIR))
+
+
+# -- the endpoint's verdict ----------------------------------------------------------------------
+def probe_exclusive_create(medium: S3Medium) -> bool:
+    """One key created twice with If-None-Match: True if the second was refused (412)."""
+    key = f"{_PROBE_KEY}/{socket.gethostname()}-{time.time_ns()}"
+    where = medium.where(key)
+    try:
+        medium.client.call(where, "put_object", Key=medium.s3_key(key), Body=b"1", IfNoneMatch="*")
+        try:
+            medium.client.call(
+                where, "put_object", Key=medium.s3_key(key), Body=b"2", IfNoneMatch="*"
+            )
+        except Exists:
+            return True
+        return False
+    finally:
+        medium.client.call(where, "delete_object", Key=medium.s3_key(key))
+
+
+def record_verdict(medium: S3Medium, exclusive: bool, by: str, **facts: Any) -> None:
+    """Write what was found of the endpoint into the store (`castore-medium.json`)."""
+    verdict = {"exclusive_create": exclusive, "by": by, "time": int(time.time()), **facts}
+    body = json.dumps(verdict, sort_keys=True).encode() + b"\n"
+    medium.client.call(
+        medium.where(VERDICT_KEY), "put_object", Key=medium.s3_key(VERDICT_KEY), Body=body
+    )
+
+
+def require_safe(medium: S3Medium) -> None:
+    """UnsafeEndpointError unless the store's record says its endpoint refused a second
+    exclusive create (a store made before the record: the quick probe runs, and is recorded)."""
+    try:
+        data = medium.read(VERDICT_KEY, limit=4096)
+    except FileNotFoundError:
+        record_verdict(medium, probe_exclusive_create(medium), "castore open")
+        data = medium.read(VERDICT_KEY, limit=4096)
+    try:
+        exclusive = json.loads(data).get("exclusive_create") is True
+    except (ValueError, AttributeError):
+        exclusive = False
+    if not exclusive:
+        raise UnsafeEndpointError(medium.url)
+
+
+class UnsafeEndpointError(CastoreError):
+    """The S3 endpoint let a second exclusive create of one key succeed: two writers could
+    both commit. castore refuses the store."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        super().__init__(
+            f"{url}: its endpoint accepted a second PUT If-None-Match of one key (or its record "
+            f"{VERDICT_KEY} says so), so two writers could both commit; castore will not use "
+            f"it. Run `castore doctor {url}` for the details, and use an endpoint that honours "
+            "conditional writes"
+        )

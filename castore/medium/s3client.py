@@ -1,0 +1,191 @@
+"""The S3 API as castore's S3 medium calls it (the only importer of boto3 and botocore, the
+optional extra castore[s3]): every request retried with backoff where retrying is safe, and
+every failure said in castore's words.
+
+Which failures are retried, and why that never duplicates or loses a commit: a timeout, a
+reset connection, a 5xx and throttling (503 SlowDown, 429) say nothing about whether the
+request took effect. Every request castore makes is safe to repeat: reads and deletes are
+idempotent, an unconditional PUT writes the same bytes again (objects are named by their
+hash), and an exclusive create (`If-None-Match: *`) repeated after its first attempt
+committed answers 412, which the caller resolves by reading the key back (its own bytes:
+committed; other bytes: it lost). botocore's own retries are off: these are the only ones.
+"""
+
+from __future__ import annotations
+
+import errno
+import random
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import boto3
+import botocore.config
+import botocore.exceptions
+
+from castore.errors import StoreIOError
+
+T = TypeVar("T")
+
+ATTEMPTS = 8  # a request that failed this many times in a row is reported
+_BACKOFF_FIRST_S, _BACKOFF_MAX_S = 0.05, 2.0
+_RETRIED_CODES = {
+    "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "RequestTimeout",
+    "ServiceUnavailable",
+    "InternalError",
+}
+_CONNECTION_ERRORS = (
+    botocore.exceptions.ConnectionError,
+    botocore.exceptions.HTTPClientError,
+    botocore.exceptions.ReadTimeoutError,
+    botocore.exceptions.ConnectTimeoutError,
+)
+
+
+class Missing(Exception):
+    """The key (or the bucket) is not there: 404."""
+
+
+class Exists(Exception):
+    """An exclusive create found the key there already: 412 Precondition Failed.
+    `after_retry`: an earlier attempt of this request failed without an answer, so it may be
+    that attempt's own success the 412 reports (the caller reads the key back)."""
+
+    def __init__(self, where: str, *, after_retry: bool) -> None:
+        super().__init__(where)
+        self.after_retry = after_retry
+
+
+def status_of(error: botocore.exceptions.ClientError) -> int:
+    return int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+
+
+def code_of(error: botocore.exceptions.ClientError) -> str:
+    return str(error.response.get("Error", {}).get("Code", ""))
+
+
+def _retried(error: BaseException) -> bool:
+    if isinstance(error, _CONNECTION_ERRORS):
+        return True
+    if isinstance(error, botocore.exceptions.ClientError):
+        status = status_of(error)
+        return status >= 500 or status == 429 or code_of(error) in _RETRIED_CODES
+    return False
+
+
+class Client:
+    """One bucket's S3 API, for one prefix's keys (`where` names them for people)."""
+
+    def __init__(
+        self,
+        bucket: str,
+        *,
+        endpoint_url: str | None = None,
+        region_name: str | None = None,
+        profile_name: str | None = None,
+        aws_access_key_id: str | None = None,
+        aws_secret_access_key: str | None = None,
+        aws_session_token: str | None = None,
+        connect_timeout: float = 5.0,
+        read_timeout: float = 20.0,
+        max_pool_connections: int = 64,
+    ) -> None:
+        self.bucket = bucket
+        session = boto3.session.Session(profile_name=profile_name)
+        config = botocore.config.Config(
+            retries={"max_attempts": 1, "mode": "standard"},
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            max_pool_connections=max_pool_connections,
+            s3={"addressing_style": "path"},
+        )
+        self._s3: Any = session.client(
+            "s3",
+            endpoint_url=endpoint_url,
+            region_name=region_name,
+            aws_access_key_id=aws_access_key_id,
+            aws_secret_access_key=aws_secret_access_key,
+            aws_session_token=aws_session_token,
+            config=config,
+        )
+        self.requests = 0  # every request sent, retries included: the benchmark's count
+
+    def call(self, where: str, operation: str, **params: Any) -> Any:
+        """`operation` (a client method name) with `params`, retried while retrying is safe
+        (module docstring). Missing on 404, Exists on 412, StoreIOError naming `where` on
+        anything else, or once ATTEMPTS tries failed."""
+        method: Callable[..., Any] = getattr(self._s3, operation)
+        return self._retrying(where, operation, lambda: method(Bucket=self.bucket, **params))
+
+    def _retrying(self, where: str, operation: str, request: Callable[[], T]) -> T:
+        pause = _BACKOFF_FIRST_S
+        for attempt in range(1, ATTEMPTS + 1):
+            self.requests += 1
+            try:
+                return request()
+            except botocore.exceptions.ClientError as exc:
+                status = status_of(exc)
+                if status == 404 or code_of(exc) in ("NoSuchKey", "NotFound", "NoSuchBucket"):
+                    raise Missing(where) from exc
+                if status == 412 or code_of(exc) == "PreconditionFailed":
+                    raise Exists(where, after_retry=attempt > 1) from exc
+                if not _retried(exc) or attempt == ATTEMPTS:
+                    raise _io_error(where, operation, exc) from exc
+            except _CONNECTION_ERRORS as exc:
+                if attempt == ATTEMPTS:
+                    raise _io_error(where, operation, exc) from exc
+            # Full jitter: clients that failed together do not retry together.
+            time.sleep(random.uniform(0, pause))  # noqa: S311 - backoff jitter, not a secret
+            pause = min(pause * 2, _BACKOFF_MAX_S)
+        raise AssertionError("not reached")
+
+    def body(self, response: Any, where: str, limit: int) -> bytes:
+        """The bytes of a GetObject answer, at most `limit` (OverflowError past it)."""
+        length = int(response.get("ContentLength", 0))
+        if length > limit:
+            response["Body"].close()
+            raise OverflowError(length)
+        try:
+            data: bytes = response["Body"].read()
+        except _CONNECTION_ERRORS as exc:  # reset mid-body: the caller reads again
+            raise _io_error(where, "reading the body of", exc) from exc
+        return data
+
+    def chunks(self, response: Any, size: int) -> Iterator[bytes]:
+        """The bytes of a GetObject answer, `size` at a time."""
+        stream = response["Body"]
+        while chunk := stream.read(size):
+            yield chunk
+
+    def pages(self, where: str, **params: Any) -> Iterator[dict[str, Any]]:
+        """Every page of a ListObjectsV2 of `params` (each page's request retried)."""
+        token: str | None = None
+        while True:
+            extra = {"ContinuationToken": token} if token else {}
+            page = self.call(where, "list_objects_v2", **params, **extra)
+            yield page
+            if not page.get("IsTruncated"):
+                return
+            token = page.get("NextContinuationToken")
+
+
+def _io_error(where: str, operation: str, exc: BaseException) -> StoreIOError:
+    reason = exc.__class__.__name__
+    if isinstance(exc, botocore.exceptions.ClientError):
+        reason = (
+            f"{status_of(exc)} {code_of(exc)}: {exc.response.get('Error', {}).get('Message', '')}"
+        )
+    if isinstance(exc, botocore.exceptions.ClientError):
+        code = errno.EACCES if status_of(exc) in (401, 403) else errno.EAGAIN
+        answer = f"the S3 endpoint answered {reason}"
+    else:
+        code, answer = errno.ETIMEDOUT, f"no answer from the S3 endpoint ({reason})"
+    return StoreIOError(
+        where,
+        f"{operation} (S3)",
+        OSError(code, answer),
+        "nothing castore acknowledged is lost",
+    )
