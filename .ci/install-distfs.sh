@@ -1,12 +1,13 @@
 #!/bin/sh
 # Install the system packages the distributed-filesystem tests need (GlusterFS server and
-# FUSE client; a Ceph mon, mgr, osd, mds and ceph-fuse), only if something is missing.
+# FUSE client; a Ceph mon, mgr, osd, mds and ceph-fuse; radosgw for the S3 tests), only if
+# something is missing.
 # Idempotent; exits non-zero if anything still is missing afterwards. Needs root (or sudo).
 # The fixtures (tests/glusterfs.py, tests/cephfs.py) start everything on 127.0.0.1 from
 # their own configuration: no service is enabled or started here.
 set -eu
 
-TOOLS="glusterd gluster glusterfs glusterfsd ceph ceph-authtool monmaptool ceph-mon ceph-mgr ceph-osd ceph-mds ceph-fuse"
+TOOLS="glusterd gluster glusterfs glusterfsd ceph ceph-authtool monmaptool ceph-mon ceph-mgr ceph-osd ceph-mds ceph-fuse radosgw radosgw-admin"
 
 have_all() {
     for tool in $TOOLS; do
@@ -46,7 +47,7 @@ fi
 status=0
 $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
     glusterfs-server glusterfs-client \
-    ceph-mon ceph-mgr ceph-osd ceph-mds ceph-fuse ceph-common fuse3 || status=$?
+    ceph-mon ceph-mgr ceph-osd ceph-mds ceph-fuse ceph-common radosgw fuse3 || status=$?
 if [ -n "$ADDED_POLICY" ]; then
     $SUDO rm -f "$POLICY"
 fi
