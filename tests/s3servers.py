@@ -91,21 +91,22 @@ def _wait_http(url: str, pids: list[int], logs: Path) -> None:
 
 
 @contextlib.contextmanager
-def start_moto(workdir: Path) -> Iterator[S3Endpoint]:
-    """moto's S3 server (a mock that honours If-None-Match) on a free port."""
+def start_moto(workdir: Path, *, serial: bool = True) -> Iterator[S3Endpoint]:
+    """moto's S3 server (a mock that honours If-None-Match) on a free port. `serial`: moto's
+    work on one request at a time (moto_serial.py), without which its If-None-Match races."""
     try:
         import moto.server  # noqa: F401, PLC0415 - only to know it is installed
     except ImportError as exc:
         raise EngineUnavailable(f"moto[server] is not installed ({exc})") from None
     workdir.mkdir(parents=True, exist_ok=True)
     port, log = free_port(), workdir / "moto.out"
+    served = [str(Path(__file__).with_name("moto_serial.py"))] if serial else ["-m", "moto.server"]
+    address = ["127.0.0.1", str(port)] if serial else ["-H", "127.0.0.1", "-p", str(port)]
     with Reaper("moto", workdir) as reaper:
-        pid = reaper.popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], log
-        )
+        pid = reaper.popen([sys.executable, *served, *address], log)
         url = f"http://127.0.0.1:{port}"
         _wait_http(url, [pid], log)
-        yield S3Endpoint("moto", url, 4.0)
+        yield S3Endpoint("moto" if serial else "moto-stock", url, 4.0)
 
 
 def _rgw_conf(workdir: Path, fsid: str, mon_port: int, rgw_port: int) -> str:

@@ -31,9 +31,10 @@ from test_concurrency import (  # the same workers as on shared filesystems
 
 import castore
 import castore.medium.s3
+from castore.errors import UnsafeEndpointError
 from castore.lab.campaign import Settings, campaign
 from castore.lab.service import read_ledger
-from castore.medium.s3 import VERDICT_KEY, S3Medium, UnsafeEndpointError
+from castore.medium.s3 import VERDICT_KEY, S3Medium
 
 __all__ = ["children"]  # a fixture, imported for the tests below
 ROUNDS = 25
@@ -124,16 +125,3 @@ def test_a_store_refuses_an_endpoint_that_let_a_second_create_succeed(s3: S3Endp
     store.medium.replace(VERDICT_KEY, json.dumps({"exclusive_create": False}).encode())
     with pytest.raises(UnsafeEndpointError, match="castore doctor"):
         castore.Store.open(url)
-
-
-def test_init_refuses_an_endpoint_that_ignores_if_none_match(
-    s3: S3Endpoint, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """An endpoint whose second exclusive create succeeds gets no store: init records the
-    verdict, writes no marker, and says so."""
-    url = s3.new_bucket()
-    monkeypatch.setattr(castore.medium.s3, "probe_exclusive_create", lambda medium: False)
-    with pytest.raises(UnsafeEndpointError, match="castore doctor"):
-        castore.Store.init(url)
-    medium = castore.medium.s3.S3Medium.from_url(url)
-    assert (False, True) == (medium.exists("castore.json"), medium.exists(VERDICT_KEY))

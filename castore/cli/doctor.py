@@ -1,21 +1,38 @@
-"""`castore doctor PATH [--peer PATH2]`: does this filesystem give castore what it relies on?"""
+"""`castore doctor PATH [--peer PATH2]` (or `castore doctor s3://bucket/prefix`): does this
+filesystem, or this S3 endpoint, give castore what it relies on?"""
 
 from __future__ import annotations
 
 import argparse
 import os
+from typing import TYPE_CHECKING
 
 from castore.cli.common import EXIT_FINDINGS, EXIT_OK, add_path_argument, emit_json, store_path
+from castore.errors import UsageError
+from castore.medium.select import S3_SCHEME
+
+if TYPE_CHECKING:
+    from castore.doctor.report import DoctorReport
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     target = store_path(args)
+    if target.startswith(S3_SCHEME):
+        if args.peer:
+            raise UsageError("--peer is for a second mount of a directory; an S3 store has none")
+        from castore.doctor.s3 import run_s3_doctor  # noqa: PLC0415 - the s3 extra, if asked
+
+        report = run_s3_doctor(target, rounds=args.rounds)
+        return _print(report, args)
     if not os.path.lexists(target):  # the store may not exist yet: check where it would live
         target = os.path.dirname(os.path.abspath(target))
     # Anything else that is not a directory (a file, a dangling link) run_doctor refuses.
     from castore.doctor import run_doctor  # noqa: PLC0415 - loaded only for this verb
 
-    report = run_doctor(target, args.peer)
+    return _print(run_doctor(target, args.peer), args)
+
+
+def _print(report: DoctorReport, args: argparse.Namespace) -> int:
     if args.json:
         emit_json("doctor", report.to_json())
     else:
@@ -30,10 +47,19 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     doctor = verbs.add_parser(
-        "doctor", help="check exclusive create, link, rename, fsync, O_NOFOLLOW, flock here"
+        "doctor",
+        help="check exclusive create, link, rename, fsync, O_NOFOLLOW, flock here (an s3:// "
+        "store: conditional PUTs raced, read- and list-after-write; the verdict is recorded)",
     )
     add_path_argument(doctor)
     doctor.add_argument("--peer", metavar="PATH2", help="another mount of the same directory")
+    doctor.add_argument(
+        "--rounds",
+        type=int,
+        default=100,
+        metavar="N",
+        help="an s3:// store: races of 8 concurrent creates of one key (default 100)",
+    )
     doctor.add_argument(
         "--json", action="store_true", help='print {"type": "doctor", path, peer, safe, checks}'
     )

@@ -17,6 +17,8 @@
     │   ├── StoreNotFoundError (FileNotFoundError)
     │   ├── StoreExistsError (FileExistsError)
     │   ├── FormatVersionError                   written by a format this reader does not know
+    │   ├── UnsafeEndpointError                  an S3 endpoint that let a second exclusive
+    │   │                                        create succeed, or was never checked
     │   └── StoreIOError (OSError)               a system call on a store path failed (errno)
     │       └── DurabilityError                  a write/fsync failed; nothing was published
     │           └── CommitUncertainError         the commit point was taken, its fsync failed
@@ -71,6 +73,7 @@ from castore.errors.storage import (
     StoreExistsError,
     StoreIOError,
     StoreNotFoundError,
+    UnsafeEndpointError,
     UnsafeFileError,
     io_advice,
 )
@@ -155,6 +158,7 @@ __all__ = [
     "TaskForgottenError",
     "TaskNotFoundError",
     "UnknownVersionError",
+    "UnsafeEndpointError",
     "UnsafeFileError",
     "UsageError",
     "WorkerFailedError",

@@ -104,6 +104,30 @@ class StoreIOError(StoreError, OSError):
         )
 
 
+class UnsafeEndpointError(StoreError):
+    """An S3 endpoint castore cannot trust with its commit point: it let a second exclusive
+    create of one key succeed (two writers could both commit), or the store holds no record
+    that it was checked."""
+
+    def __init__(self, url: str, record: str, *, unchecked: bool = False) -> None:
+        self.url = url
+        self.unchecked = unchecked
+        if unchecked:
+            what = (
+                f"{url}: the store holds no record ({record}) that its endpoint refuses a second "
+                "PUT If-None-Match of one key, so castore will not trust it with a commit"
+            )
+        else:
+            what = (
+                f"{url}: its endpoint accepted a second PUT If-None-Match of one key ({record} "
+                "says so), so two writers could both commit; castore will not use it"
+            )
+        super().__init__(
+            f"{what}. Run `castore doctor {url}`: it checks the endpoint and records what it "
+            "finds (use an endpoint that honours conditional writes)"
+        )
+
+
 class DurabilityError(StoreIOError):
     """A write, fsync or publish failed; nothing was published."""
 
@@ -132,16 +156,26 @@ def _capital(text: str) -> str:
 class CommitUncertainError(DurabilityError):
     """The commit point was taken but could not be made durable: it may or may not survive."""
 
-    def __init__(self, path: str, cause: OSError) -> None:
+    def __init__(self, path: str, cause: OSError, *, known_written: bool = True) -> None:
         self.path = path
-        self.operation = "syncing the chain directory after the commit point"
+        if known_written:
+            self.operation = "syncing the chain directory after the commit point"
+            what = (
+                f"the commit {path} was written (its chain slot exists), but syncing the chain "
+                f"directory failed ({_reason(cause)}): other workers may already see it, "
+                "and a power loss may still undo it"
+            )
+        else:  # an object store that stopped answering during the commit point
+            self.operation = "creating the chain slot (the commit point)"
+            what = (
+                f"whether the commit {path} was made is unknown: the store stopped answering "
+                f"({_reason(cause)})"
+            )
         OSError.__init__(
             self,
             cause.errno,
-            f"the commit {path} was written (its chain slot exists), but syncing the chain "
-            f"directory failed ({_reason(cause)}): other workers may already see it, "
-            "and a power loss may still undo it. This run stops; "
-            f"{io_advice(cause.errno)}, then resume the task to see where it stands",
+            f"{what}. This run stops; {io_advice(cause.errno)}, then resume the task to see "
+            "where it stands",
         )
 
 

@@ -25,11 +25,12 @@ from urllib.parse import urlparse
 
 from castore import crashpoints
 from castore.errors import (
-    CastoreError,
+    CommitUncertainError,
     DurabilityError,
     OversizedFileError,
     StoreIOError,
     StoreNotFoundError,
+    UnsafeEndpointError,
 )
 from castore.format.digest import Hasher
 from castore.format.layout import MARKER_KEY, OBJECTS_DIR, TASKS_DIR
@@ -195,8 +196,24 @@ class S3Medium(Medium):
             # Only a retry can meet its own earlier success: then the key holds these bytes.
             return exists.after_retry and self._holds(key, data)
         except StoreIOError as exc:
-            raise DurabilityError(where, "creating (S3 PUT If-None-Match)", exc) from exc
+            return self._after_failure(key, data, exc)
         return True
+
+    def _after_failure(self, key: str, data: bytes, failure: StoreIOError) -> bool:
+        """Every attempt of an exclusive create failed without a clear answer: whether one of
+        them committed is read back. Its own bytes: it did. Absent: it did not (a request
+        still in flight can at most commit these same bytes later, which a writer treats as
+        a commit it lost: it rebuilt its snapshot, with other bytes). Unreadable: unknown."""
+        where = self.where(key)
+        try:
+            if self._holds(key, data):
+                return True
+            present = self.exists(key)
+        except StoreIOError as exc:
+            raise CommitUncertainError(where, exc, known_written=False) from exc
+        if present:
+            return False  # another writer's bytes: the caller sees it lost
+        raise DurabilityError(where, "creating (S3 PUT If-None-Match)", failure) from failure
 
     def _holds(self, key: str, data: bytes) -> bool:
         try:
@@ -262,7 +279,7 @@ class S3Medium(Medium):
         exclusive = probe_exclusive_create(self)
         record_verdict(self, exclusive, "castore init")
         if not exclusive:
-            raise UnsafeEndpointError(self.url)
+            raise UnsafeEndpointError(self.url, self.where(VERDICT_KEY))
         self._create(MARKER_KEY, marker)
 
     def interrupted_init(self, *, but_marker: bool = False) -> str | None:
@@ -316,29 +333,17 @@ def record_verdict(medium: S3Medium, exclusive: bool, by: str, **facts: Any) -> 
 
 def require_safe(medium: S3Medium) -> None:
     """UnsafeEndpointError unless the store's record says its endpoint refused a second
-    exclusive create (a store made before the record: the quick probe runs, and is recorded)."""
+    exclusive create (no record: refused too, the doctor makes one)."""
+    record = medium.where(VERDICT_KEY)
     try:
         data = medium.read(VERDICT_KEY, limit=4096)
     except FileNotFoundError:
-        record_verdict(medium, probe_exclusive_create(medium), "castore open")
-        data = medium.read(VERDICT_KEY, limit=4096)
+        # Every store init makes records it: one gone was removed. Opening must not write
+        # (a reader may hold read-only keys), so the doctor, asked for, makes a new one.
+        raise UnsafeEndpointError(medium.url, record, unchecked=True) from None
     try:
         exclusive = json.loads(data).get("exclusive_create") is True
     except (ValueError, AttributeError):
         exclusive = False
     if not exclusive:
-        raise UnsafeEndpointError(medium.url)
-
-
-class UnsafeEndpointError(CastoreError):
-    """The S3 endpoint let a second exclusive create of one key succeed: two writers could
-    both commit. castore refuses the store."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        super().__init__(
-            f"{url}: its endpoint accepted a second PUT If-None-Match of one key (or its record "
-            f"{VERDICT_KEY} says so), so two writers could both commit; castore will not use "
-            f"it. Run `castore doctor {url}` for the details, and use an endpoint that honours "
-            "conditional writes"
-        )
+        raise UnsafeEndpointError(medium.url, record)

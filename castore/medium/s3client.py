@@ -14,6 +14,8 @@ committed; other bytes: it lost). botocore's own retries are off: these are the 
 from __future__ import annotations
 
 import errno
+import functools
+import os
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -94,22 +96,17 @@ class Client:
         max_pool_connections: int = 64,
     ) -> None:
         self.bucket = bucket
-        session = boto3.session.Session(profile_name=profile_name)
-        config = botocore.config.Config(
-            retries={"max_attempts": 1, "mode": "standard"},
-            connect_timeout=connect_timeout,
-            read_timeout=read_timeout,
-            max_pool_connections=max_pool_connections,
-            s3={"addressing_style": "path"},
-        )
-        self._s3: Any = session.client(
-            "s3",
+        self._s3: Any = _client(
             endpoint_url=endpoint_url,
             region_name=region_name,
+            profile_name=profile_name,
             aws_access_key_id=aws_access_key_id,
             aws_secret_access_key=aws_secret_access_key,
             aws_session_token=aws_session_token,
-            config=config,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            max_pool_connections=max_pool_connections,
+            environment=tuple(os.environ.get(name) for name in _ENVIRONMENT),
         )
         self.requests = 0  # every request sent, retries included: the benchmark's count
 
@@ -170,6 +167,60 @@ class Client:
             if not page.get("IsTruncated"):
                 return
             token = page.get("NextContinuationToken")
+
+
+@functools.lru_cache(maxsize=32)
+def _client(
+    *,
+    endpoint_url: str | None,
+    region_name: str | None,
+    profile_name: str | None,
+    aws_access_key_id: str | None,
+    aws_secret_access_key: str | None,
+    aws_session_token: str | None,
+    connect_timeout: float,
+    read_timeout: float,
+    max_pool_connections: int,
+    environment: tuple[str | None, ...],
+) -> Any:
+    """One boto3 client per configuration in a process: making one loads the S3 model (about
+    a second), and a client is safe to share between threads. `environment`: the variables
+    boto3 reads (an endpoint, keys, a region, a profile), so a changed one makes a new client."""
+    del environment
+    session = boto3.session.Session(profile_name=profile_name)
+    config = botocore.config.Config(
+        retries={"total_max_attempts": 1, "mode": "standard"},  # retried here, not there
+        connect_timeout=connect_timeout,
+        read_timeout=read_timeout,
+        max_pool_connections=max_pool_connections,
+        s3={"addressing_style": "path"},
+    )
+    return session.client(
+        "s3",
+        endpoint_url=endpoint_url,
+        region_name=region_name,
+        aws_access_key_id=aws_access_key_id,
+        aws_secret_access_key=aws_secret_access_key,
+        aws_session_token=aws_session_token,
+        config=config,
+    )
+
+
+_ENVIRONMENT = (
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_ENDPOINT_URL",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_PROFILE",
+    "AWS_CONFIG_FILE",
+    "AWS_SHARED_CREDENTIALS_FILE",
+)
+# A forked child must not share its parent's connections (two processes reading one socket
+# take each other's answers): it makes clients of its own.
+os.register_at_fork(after_in_child=_client.cache_clear)
 
 
 def _io_error(where: str, operation: str, exc: BaseException) -> StoreIOError:
