@@ -241,10 +241,8 @@ def test_blob_refreshed_while_gc_decides_survives(
         if path == str(obj(store, ref.blob)) and moment == "after-set-aside":
             run.commit_step("a", store.put_blob({"value": 7}))  # publishes it anew
 
-    monkeypatch.setattr(castore.maintenance.gc.os, "link", writer_before_the_set_aside)
-    monkeypatch.setattr(
-        castore.maintenance.gc.fsio, "remove_if_present", writer_after_the_set_aside
-    )
+    monkeypatch.setattr(os, "link", writer_before_the_set_aside)  # the POSIX medium's link
+    monkeypatch.setattr(castore.medium.fsio, "remove_if_present", writer_after_the_set_aside)
     try:
         collect(store.root, grace_s=14 * DAY)
     finally:
