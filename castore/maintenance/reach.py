@@ -109,9 +109,9 @@ class Reachable:
             return None
 
     def _dir_found(self, key: str) -> bool | None:
-        """True if `key` may be a directory (a medium without them says nothing against
-        it); False if something else or nothing is there; None for a symlink (never
-        followed: fsck's unsafe-file)."""
+        """True if `key` is a directory itself, or nothing (its listing then finds nothing;
+        a medium without directories never says otherwise); False for a file in its place;
+        None for a symlink (never followed: fsck's unsafe-file)."""
         try:
             self._medium.require_dir(key)
         except UnsafeFileError as exc:
