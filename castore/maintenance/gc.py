@@ -152,17 +152,33 @@ def _remove_temp(
         return None
     target = _lost_object(medium, key)
     if target is not None:
-        if not dry_run:
-            try:
-                medium.flush_file(key)  # a writer's temp file may never have been synced
-            except StoreIOError as exc:
-                raise _failed(medium, key, exc) from exc
-            medium.link(key, target)
-            medium.flush_dir(posixpath.dirname(key))  # its name back before the temp name goes
+        if not dry_run and not _name_lost_object(medium, key, target):
+            return None  # its writer published it and removed its temp file meanwhile
         report.restored.append(target)
     if not dry_run:
         medium.remove(key)
     return size
+
+
+def _name_lost_object(medium: Medium, key: str, target: str) -> bool:
+    """Give the temp file `key` the object name `target`, durably, before its own name goes;
+    False if it vanished first (a writer's temp file: its writer linked it and removed it)."""
+    try:
+        medium.flush_file(key)  # a writer's temp file may never have been synced
+    except FileNotFoundError:
+        return False
+    except StoreIOError as exc:
+        raise _failed(medium, key, exc) from exc
+    try:
+        medium.link(key, target)  # False: the writer linked it first (the same bytes)
+    except FileNotFoundError:
+        return False
+    except StoreIOError as exc:
+        if exc.errno != errno.ENOENT:
+            raise
+        return False  # POSIX's link: the temp file went after its sync
+    medium.flush_dir(posixpath.dirname(key))  # its name back before the temp name goes
+    return True
 
 
 @attrs.frozen
