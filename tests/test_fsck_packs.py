@@ -22,7 +22,7 @@ from castore.chain import packs
 from castore.chain.refs import TaskSlots
 from castore.format import codec
 from castore.format.digest import hash_bytes
-from castore.format.layout import MARKS_DIR, slot_name, temp_name
+from castore.format.layout import MARKS_DIR, fanout_key, slot_name, temp_name
 from castore.format.records import Sealed, Transition, TransitionKind, snapshot_version
 from castore.maintenance.gc import GcReport, Reachable, collect
 
@@ -392,11 +392,11 @@ def test_gc_follows_a_pack_set_aside_under_its_temp_name(store: castore.Store) -
     start(store)
     pack = seal(store, "t", 3)
     (blob,) = pack.header.refs
-    reach = Reachable(store.root, GcReport())
+    reach = Reachable(store.medium, GcReport())
     for object_id in (pack.id, blob):
         own = store.objects.path(object_id)
-        reach.aside[object_id] = str(Path(own).with_name(temp_name()))
-        Path(own).rename(reach.aside[object_id])
+        reach.aside[object_id] = f"{fanout_key(object_id)}/{temp_name()}"  # a key
+        Path(own).rename(store.medium.where(reach.aside[object_id]))
     reach.read_new()
     assert {pack.id, blob} <= reach.referenced
     assert False is reach.unreadable

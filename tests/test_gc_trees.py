@@ -17,7 +17,7 @@ from test_gc_handshake import finish, spawn, wait_stopped
 import castore
 from castore.chain import references
 from castore.format import codec
-from castore.format.layout import temp_name
+from castore.format.layout import fanout_key, temp_name
 from castore.maintenance.fsck import Severity, check_store
 from castore.maintenance.gc import GcReport, Reachable, collect
 
@@ -159,12 +159,12 @@ def test_the_second_read_follows_a_tree_set_aside_under_its_temp_name(
     tree = store.put_tree({"p": raw})
     with store.start("t", PLAN) as run:
         run.commit_step("a", tree)
-    reach = Reachable(store.root, GcReport())
+    reach = Reachable(store.medium, GcReport())
     aside = {}
     for object_id in (tree.tree, raw.raw):
         own = store.objects.path(object_id)
-        aside[object_id] = os.path.join(os.path.dirname(own), temp_name())
-        os.link(own, aside[object_id])
+        aside[object_id] = f"{fanout_key(object_id)}/{temp_name()}"  # a key
+        os.link(own, store.medium.where(aside[object_id]))
         os.unlink(own)
     reach.aside = aside
     reach.read_new()

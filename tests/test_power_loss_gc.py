@@ -267,7 +267,9 @@ def test_self_test_without_gcs_fsync_before_the_unlink_an_acked_blob_is_lost(
 ) -> None:
     """gc's fsync of the set-aside names before it unlinks the objects' own names removed: a
     crash state loses a blob an acknowledged commit names, beyond what the next gc heals."""
-    monkeypatch.setattr(castore.maintenance.gc, "_sync_second_names", lambda directories: None)
+    monkeypatch.setattr(
+        castore.maintenance.gc, "_sync_second_names", lambda medium, directories: None
+    )
     result = run_exploration(tmp_path, gc_workload, monkeypatch, stop=True)
     assert result.invariant or result.acks, f"no failure found: {result.summary()}"
     print(f"self-test caught: {(result.invariant + result.acks)[0]}")

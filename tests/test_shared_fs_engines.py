@@ -24,6 +24,7 @@ from castore.cli import main
 from castore.doctor import races, run_doctor
 from castore.maintenance.gc import collect
 from castore.medium import fsio
+from castore.medium.base import Medium
 
 STALE_BOUND_S = 2.0  # Gluster's default md-cache / FUSE timeouts are 1 s; CephFS blocks instead
 
@@ -152,10 +153,10 @@ def _put_while_gc_sets_aside(
     real_remove, real_old_size = fsio.remove_if_present, castore.maintenance.gc._old_size
     put_once: list[str] = []
 
-    def old_size(path: str, cutoff: float) -> int | None:
-        if path == object_path:  # gc is about to set it aside
+    def old_size(medium: Medium, key: str, cutoff: float) -> int | None:
+        if medium.where(key) == object_path:  # gc is about to set it aside
             put_side.objects.exists(object_id)  # the put side looks the name up: a fresh dentry
-        return real_old_size(path, cutoff)
+        return real_old_size(medium, key, cutoff)
 
     def remove(path: str) -> None:
         aside_copy = os.path.dirname(path) == fanout and os.path.basename(path) != object_id

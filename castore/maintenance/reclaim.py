@@ -2,8 +2,9 @@
 
 For a task whose HEAD is a tombstone at seq F, gc:
 
-1. fsyncs the chain directory, so that the tombstone's link is durable before anything
-   relies on it (its forget may have been killed between its link and its fsync);
+1. flushes the chain directory (an fsync on POSIX), so that the tombstone's slot is durable
+   before anything relies on it (its forget may have been killed between its link and its
+   fsync);
 2. moves the task's sealed mark to {"pack": null, "through": F - 1} unless it is there already
    (the next generation, an exclusive create: sealmark.py); crash point `reclaim.marked`;
 3. removes the slots below F and their snapshot objects (TaskSlots.prune); crash point
@@ -27,7 +28,6 @@ from castore import crashpoints
 from castore.chain.refs import TaskSlots
 from castore.chain.sealmark import Mark
 from castore.errors import CastoreError
-from castore.medium import fsio
 from castore.run.forget import tombstone_head
 from castore.store import Store
 
@@ -59,7 +59,7 @@ def reclaim_forgotten(store: Store, *, dry_run: bool = False) -> list[str]:
 
 
 def _reclaim(slots: TaskSlots, through: int) -> None:
-    fsio.fsync_dir(slots.directory)  # the tombstone durable before the mark relies on it
+    slots.medium.flush_dir(slots.chain_key)  # the tombstone durable before the mark relies on it
     slots.marks.advance(Mark(pack=None, through=through))
     crashpoints.reach("reclaim.marked")
     slots.prune(through)

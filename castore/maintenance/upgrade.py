@@ -2,8 +2,8 @@
 
 Three steps, each one a re-run repeats or skips (docs/FORMAT.md §18):
 1. verify the whole store as fsck does; any error and the store is left as it is;
-2. replace castore.json by the v2 marker (temp file, fsync, rename over, fsync of the root):
-   the only write that changes the format, and it is atomic;
+2. replace castore.json by the v2 marker (the medium's `replace`; on POSIX temp file, fsync,
+   rename over, fsync of the root): the only write that changes the format, and it is atomic;
 3. seal each task's history (`castore.maintenance.sealing.seal_task`, when this castore has it).
 
 A v1 store is a valid v2 store once its marker says so: v2 reads v1 objects as they are, so
@@ -23,10 +23,10 @@ import attrs
 
 from castore import crashpoints
 from castore.errors import CastoreError, ConflictError, TaskBusyError, TaskForgottenError
-from castore.format.layout import MARKER_NAME
+from castore.format.layout import MARKER_KEY
 from castore.format.marker import marker_bytes
 from castore.maintenance.fsck import Finding, Severity, Summary, check_store
-from castore.medium import fsio
+from castore.medium.base import Medium
 from castore.store import Store
 
 __all__ = ["TARGET_VERSION", "SealProblem", "UpgradeReport", "upgrade", "write_marker"]
@@ -92,7 +92,7 @@ def upgrade(
         return report
     crashpoints.reach("upgrade.verified")
     if found < TARGET_VERSION:
-        write_marker(store.root, TARGET_VERSION)
+        write_marker(store.medium, TARGET_VERSION)
         report = attrs.evolve(report, marker_written=True)
     crashpoints.reach("upgrade.marker_written")
     if seal_task is None:
@@ -120,12 +120,13 @@ def _where(finding: Finding) -> tuple[str, str, str | None]:
     return finding.code, finding.path, finding.task
 
 
-def write_marker(root: str, version: int) -> None:
-    """Replace castore.json by the marker of `version` (temp file, fsync, rename over, fsync
-    of the root): readers see the old marker or the new one, never a mix; a crash before the
-    rename leaves a temp file only (fsck: temp-file; gc removes it), after it and before the
-    fsync either marker. rename() replaces the name itself: nothing there is followed."""
-    fsio.replace_file(root, MARKER_NAME, marker_bytes(version))
+def write_marker(medium: Medium, version: int) -> None:
+    """Replace castore.json by the marker of `version` in one step: readers see the old
+    marker or the new one, never a mix. On POSIX (temp file, fsync, rename over, fsync of
+    the root) a crash before the rename leaves a temp file only (fsck: temp-file; gc removes
+    it), after it and before the fsync either marker; rename() replaces the name itself:
+    nothing there is followed."""
+    medium.replace(MARKER_KEY, marker_bytes(version))
 
 
 def _seal_function() -> SealTask | None:

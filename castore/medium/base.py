@@ -223,3 +223,18 @@ class Medium(abc.ABC):
     def names_are_coherent(self) -> bool:
         """True when a lookup is the truth (no client cache can answer for another client)."""
         return True
+
+    # -- gc's look through a store (FORMAT.md §17) -------------------------------------------
+    @abc.abstractmethod
+    def walk(self, key: str) -> Iterator[tuple[str, list[str]]]:
+        """(directory key, the names in it that are not directories) for `key` and every
+        directory below it, top down; nothing if `key` does not exist. Never descends
+        through a symlink, and lists a symlink to a directory as neither (gc removes nothing
+        through one). StoreIOError if a directory cannot be listed: an unlistable directory
+        never looks empty. Media without directories: each key prefix that holds names."""
+
+    @abc.abstractmethod
+    def flush_file(self, key: str) -> None:
+        """Make the bytes `key` holds durable, whoever wrote them: a temp file whose writer
+        may never have synced it, before gc gives it an object's name (FORMAT.md §17).
+        A medium whose every write is durable when it is made has nothing to do."""

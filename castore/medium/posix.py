@@ -246,6 +246,32 @@ class PosixMedium(Medium):
             self._coherent = names_are_coherent(self.root)
         return self._coherent
 
+    def walk(self, key: str) -> Iterator[tuple[str, list[str]]]:
+        """os.walk: a symlink to a directory is among its directories (never entered), so
+        it is listed as neither; only the names are read (no lstat of every slot)."""
+        top = self.path(key)
+        if not os.path.lexists(top):
+            return
+        for directory, _dirs, files in os.walk(top, onerror=_raise_listing_error):
+            yield directory[len(self._prefix) :], files
+
+    def flush_file(self, key: str) -> None:
+        path = self.path(key)
+        fd = fsread.open_regular(path)
+        try:
+            with oserrors.translated(path, "syncing"):
+                os.fsync(fd)
+        except BaseException:
+            fsread.close_read(fd)  # the fsync's error is the one to report
+            raise
+        with oserrors.translated(path, "closing a synced file"):
+            os.close(fd)  # a deferred error of the sync (NFS) is a failed sync
+
+
+def _raise_listing_error(exc: OSError) -> None:
+    """os.walk's onerror: a directory that cannot be listed is an error, never empty."""
+    raise StoreIOError(str(exc.filename), "listing", exc) from exc
+
 
 def _entry(name: str, info: os.stat_result) -> Entry:
     return Entry(
