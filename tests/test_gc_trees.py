@@ -225,16 +225,17 @@ def test_reachable_is_what_gc_keeps(store: castore.Store) -> None:
     assert orphan.tree not in reach.referenced
 
 
-def test_a_tombstone_names_nothing() -> None:
-    """A forgotten task's tombstone (transition kind forget) keeps nothing alive: not its
-    plan, not the packs its anchor names; any other snapshot names them all."""
+def test_a_tombstone_names_only_its_plan() -> None:
+    """A forgotten task's tombstone (transition kind forget) keeps only its plan alive (`status`,
+    `brief` and fsck read it, FORMAT.md §17): not its parent, not the packs its
+    anchor names; any other snapshot names them all."""
     entry = {
         "plan": "p" * 64,
         "parent": "a" * 64,
         "sealed": {"pack": "b" * 64, "through": 3},
         "transition": {"kind": "forget", "result_ref": None},
     }
-    assert [] == list(references.named_by("snapshot", codec.encode_value(entry)))
+    assert ["p" * 64] == list(references.named_by("snapshot", codec.encode_value(entry)))
     entry["transition"] = {"kind": "seal", "result_ref": "c" * 64}
     named = list(references.named_by("snapshot", codec.encode_value(entry)))
     assert ["p" * 64, "a" * 64, "c" * 64, "b" * 64] == named

@@ -36,9 +36,9 @@ from castore.chain import sealmark
 from castore.chain.refs import TaskSlots
 from castore.chain.seal import Sealer
 from castore.errors import CastoreError, ConflictError, StepInFlightError, TaskForgottenError
+from castore.format.layout import LEGACY_MARK_NAME
 from castore.lab.service.ledger import Ledger, applied_counts
 from castore.maintenance.gc import collect
-from castore.medium import fsio
 
 TASK = "job"
 # A lost race, a task forgotten under a writer, a send another run of the process still makes.
@@ -186,25 +186,24 @@ class ReplacedMark(sealmark.TaskMarks):
     """The mark as castore kept it before issue 23: one file, read, then replaced by rename
     if the writer is ahead of what it read (the read and the write are not one step)."""
 
-    def _file(self) -> str:
-        return os.path.join(self.task_dir, "sealed")
+    def _key(self) -> str:
+        return f"{self.task_key}/{LEGACY_MARK_NAME}"
 
     def current(self) -> sealmark.Mark | None:
-        return sealmark.read_file(self.task_id, self._file())
+        return sealmark.read_file(self.medium, self.task_id, self._key())
 
     def advance(self, want: sealmark.Mark) -> sealmark.Mark:
         mark = self.current()
         if mark is not None and mark.through >= want.through:
             return mark
         castore.crashpoints.reach("mark.before_write")
-        fsio.replace_file(self.task_dir, "sealed", want.encode())
+        self.medium.replace(self._key(), want.encode())
         castore.crashpoints.reach("mark.written")
         return want
 
 
 def replace_marks_in_place(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sealmark, "TaskMarks", ReplacedMark)
-    monkeypatch.setattr(castore.chain.refs.sealmark, "TaskMarks", ReplacedMark)
 
 
 BROKEN = ("does not verify", "acknowledged commits", "fsck slot-gap")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import inspect
 import os
 import stat
 from collections.abc import Callable, Iterator
@@ -97,9 +98,11 @@ def translating_iterator(func: Callable[P, Iterator[R]]) -> Callable[P, Iterator
 
 
 def translating_methods(cls: C) -> C:
-    """`translating` for every public method (and class method) of `cls`."""
-    for name, member in list(vars(cls).items()):
-        if name.startswith("_"):
+    """`translating` for every public method (and class method) of `cls`, those it inherits
+    included (wrapped on `cls`, so its base classes are left as they are)."""
+    for name in dir(cls):
+        member = inspect.getattr_static(cls, name)
+        if name.startswith("_") or isinstance(member, property):
             continue
         if isinstance(member, classmethod | staticmethod):
             setattr(cls, name, type(member)(translating(member.__func__)))
