@@ -15,6 +15,8 @@ from s3proxy import FaultProxy
 from s3servers import S3Endpoint
 
 import castore
+import castore.cli.doctor
+import castore.doctor.s3
 from castore.doctor.s3 import run_s3_doctor
 from castore.errors import UnsafeEndpointError
 from castore.medium.s3 import VERDICT_KEY, S3Medium
@@ -111,3 +113,8 @@ def test_a_store_without_its_record_is_refused_and_opening_it_writes_nothing(
     assert before == sorted(medium.names(""))
     assert 0 == doctor(capsys, url)[0]
     castore.Store.open(url)
+
+
+def test_the_cli_default_of_rounds_is_the_doctors() -> None:
+    """The CLI keeps its own copy (its --help must not import boto3): the two agree."""
+    assert castore.doctor.s3.ROUNDS == castore.cli.doctor.S3_ROUNDS

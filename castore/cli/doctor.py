@@ -11,6 +11,8 @@ from castore.cli.common import EXIT_FINDINGS, EXIT_OK, add_path_argument, emit_j
 from castore.errors import UsageError
 from castore.medium.select import S3_SCHEME
 
+S3_ROUNDS = 1000  # castore.doctor.s3.ROUNDS (not imported: --help must not load boto3)
+
 if TYPE_CHECKING:
     from castore.doctor.report import DoctorReport
 
@@ -56,9 +58,9 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     doctor.add_argument(
         "--rounds",
         type=int,
-        default=100,
+        default=S3_ROUNDS,
         metavar="N",
-        help="an s3:// store: races of 8 concurrent creates of one key (default 100)",
+        help="an s3:// store: races of 8 concurrent creates of one key (default %(default)s)",
     )
     doctor.add_argument(
         "--json", action="store_true", help='print {"type": "doctor", path, peer, safe, checks}'

@@ -20,6 +20,7 @@ import json
 import re
 import socket
 import time
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlparse
 
@@ -163,6 +164,26 @@ class S3Medium(Medium):
                 found.append(Entry(name=name, kind="directory", size=0, mtime=0.0))
         return found
 
+    def walk(self, key: str) -> Iterator[tuple[str, list[str]]]:
+        """Every key below `key` in one flat listing, grouped by its "directory" (the part
+        before its last slash), parents before children: there are no symlinks to avoid."""
+        prefix = self.s3_key(key) + "/" if key else self._head
+        below: dict[str, list[str]] = {}
+        for page in self.client.pages(self.where(key), Prefix=prefix):
+            for item in page.get("Contents", ()):
+                parent, _, name = item["Key"][len(prefix) :].rpartition("/")
+                below.setdefault(parent, []).append(name)
+                while parent:  # each "directory" between, even one holding only directories
+                    parent = parent.rpartition("/")[0]
+                    below.setdefault(parent, [])
+        for relative in sorted(
+            below, key=lambda name: (name.count("/"), name) if name else (-1, "")
+        ):
+            yield (f"{key}/{relative}" if key and relative else key or relative), below[relative]
+
+    def flush_file(self, key: str) -> None:
+        del key  # a PUT is durable when it is answered
+
     def stat(self, key: str) -> Entry:
         name = key.rsplit("/", 1)[-1]
         if _DIRECTORY.fullmatch(key):
@@ -305,6 +326,11 @@ class S3Medium(Medium):
 
 
 # -- the endpoint's verdict ----------------------------------------------------------------------
+def _depth_first(relative: str) -> tuple[int, str]:
+    """Parents before children: "" (the walk's own key) first, then by depth."""
+    return (relative.count("/") + 1 if relative else 0, relative)
+
+
 def probe_exclusive_create(medium: S3Medium) -> bool:
     """One key created twice with If-None-Match: True if the second was refused (412)."""
     key = f"{_PROBE_KEY}/{socket.gethostname()}-{time.time_ns()}"
