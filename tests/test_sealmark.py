@@ -129,7 +129,7 @@ def test_a_small_chain_directory_is_listed_and_a_large_one_searched(
         return list_names(directory)
 
     monkeypatch.setattr(TaskSlots, "exists", counted_exists)
-    monkeypatch.setattr(posix.fsio, "list_names", counted_list)
+    monkeypatch.setattr(posix.fsread, "list_names", counted_list)
     assert os.lstat(slots.directory).st_size <= posix.LIST_BELOW
     assert (40, [], [slots.directory]) == (slots.head_seq(), probes, listings)
     listings.clear()
