@@ -6,8 +6,9 @@ How it controls the threads: `castore.crashpoints.install_hook` makes every poin
 thread reaches it, stop and wait for the scheduler's turn; `crashpoints.wait(name, ready)`,
 which castore calls just before it blocks on another of its own threads (a sealer's queue, a
 drain), is a point whose actor may go on only once `ready()` holds. Threads an actor starts
-(a run's sealer) become actors of their own, named after their parent. At every point the
-scheduler waits until every actor has stopped or ended, then lets exactly one go on:
+(a run's sealer) become actors of their own, named after their parent, and run alone to their
+first point before the parent goes on. At every point the scheduler waits until every actor
+has stopped or ended, then lets exactly one go on:
 
 - the actor that just stopped goes on alone, without a choice, if its point is not one the
   scenario calls interesting (so an operation between two interesting points is one step);
@@ -138,6 +139,12 @@ class Scheduler:
             self._actors[thread] = child
             self._order.append(child)
         Scheduler._original_start(thread)
+        # The child runs alone to its first point before the parent goes on: were both to run
+        # at once, which reached its point first (and what the other saw of it: a byte in an
+        # event loop's self-pipe, say) would be a race, and the choices after it would differ
+        # from run to run.
+        with self._cv:
+            self._cv.wait_for(lambda: self._free or child.state in ("stopped", "done"), STUCK_S)
 
     def current(self) -> str | None:
         """The name of the actor whose thread calls this (None outside any actor)."""
