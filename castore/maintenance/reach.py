@@ -10,6 +10,7 @@ import attrs
 
 from castore.chain import references
 from castore.chain.objects import ObjectStore
+from castore.chain.sealmark import TaskMarks
 from castore.chain.snapshotread import name_is_lost, restore_name
 from castore.errors import CastoreError, StoreIOError, UnsafeFileError
 from castore.format import codec
@@ -17,6 +18,7 @@ from castore.format.digest import hash_bytes
 from castore.format.layout import (
     CHAIN_DIR,
     TASKS_DIR,
+    display_name,
     is_object_name,
     object_relpath,
     parse_slot_name,
@@ -121,10 +123,15 @@ class Reachable:
     def _read_slots(self, task: str, chain: str) -> list[references.Names]:
         """What each slot of `chain` not read before names (nothing more once one of them
         cannot be read: the task is unreadable)."""
-        roots = []
+        roots: list[references.Names] = []
+        floor = self._lowest_read(task)
+        if floor is None:
+            self._unreadable(task)
+            return roots
         for name in listed(self._medium, chain) or []:
             key = f"{chain}/{name}"
-            if parse_slot_name(name) is None or key in self._seen:
+            seq = parse_slot_name(name)
+            if seq is None or seq < floor or key in self._seen:
                 continue
             try:
                 data = self._medium.read(key)
@@ -141,6 +148,20 @@ class Reachable:
             if objects is not None and name_is_lost(objects, snapshot_id):
                 self._restore_name(objects, key, snapshot_id)
         return roots
+
+    def _lowest_read(self, task: str) -> int | None:
+        """The lowest slot worth reading. On a medium that keeps retired slots (S3, where
+        `frees_names` is False) those at or below the sealed mark are skipped: the mark moves
+        only once the anchor that names their pack is committed, and the pack, which gc
+        follows, holds their snapshots (FORMAT.md §17). Elsewhere pruning removes them: 0.
+        None if the mark cannot be read (the task is then unreadable: everything kept)."""
+        if self._medium.frees_names:
+            return 0
+        try:
+            mark = TaskMarks(self._medium, display_name(task), f"{TASKS_DIR}/{task}").current()
+        except (CastoreError, OSError):
+            return None
+        return 0 if mark is None else mark.through + 1
 
     def _restore_name(self, objects: ObjectStore, slot: str, snapshot_id: str) -> None:
         """A slot whose snapshot has no object name: the name back, a link of the slot (its

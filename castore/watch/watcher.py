@@ -32,6 +32,7 @@ from castore.run.forget import tombstone_head
 from castore.store import Store
 from castore.watch.alerts import Alert, Condition, Ident, Reading, broken, gone, read_chain, span
 from castore.watch.observer import TasksObserver
+from castore.watch.poller import DEFAULT_POLL_S, MediumPoller
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +92,7 @@ class Watcher:
         self._stopping = threading.Event()
         self._delivering = threading.local()
         self._thread: threading.Thread | None = None
-        self._observer: TasksObserver | None = None
+        self._observer: TasksObserver | MediumPoller | None = None
         self._restart_delay = TICK_S
         self._restart_at = 0.0
 
@@ -102,8 +103,15 @@ class Watcher:
 
     @property
     def mode(self) -> str:
-        """How commits are followed: `inotify` or `polling every Ns`."""
+        """How commits are followed: `inotify`, `polling every Ns`, or (a store without
+        filesystem events, S3) `listing every Ns`."""
+        if not self._has_events:
+            return f"listing every {self._poll or DEFAULT_POLL_S:g}s"
         return "inotify" if self._poll is None else f"polling every {self._poll:g}s"
+
+    @property
+    def _has_events(self) -> bool:
+        return self._store.medium.kind == "posix"
 
     # -- lifetime --------------------------------------------------------------------------
     def start(self) -> None:
@@ -329,12 +337,18 @@ class Watcher:
         self._restart_at = time.monotonic() + self._restart_delay
         self._restart_delay = min(self._restart_delay * 2, MAX_RESTART_DELAY_S)
         try:
-            self._observer = TasksObserver(self._tasks_dir, self._poll, self._hint, self._hint_all)
+            self._observer = self._new_observer()
         except OSError as exc:
             log.warning("the observer of %s could not start (%s); retrying", self.root, exc)
             self._raise(self._observer_down(f"it could not start: {exc}"))
             return False
         return True
+
+    def _new_observer(self) -> TasksObserver | MediumPoller:
+        if not self._has_events:
+            poll = self._poll or DEFAULT_POLL_S
+            return MediumPoller(self._store.medium, poll, self._hint, self._hint_all)
+        return TasksObserver(self._tasks_dir, self._poll, self._hint, self._hint_all)
 
     def _discard_observer(self) -> None:
         observer, self._observer = self._observer, None
