@@ -102,10 +102,14 @@ def test_a_corrupted_slot_is_reported_at_the_slot(s3: S3Endpoint) -> None:
 
 
 def test_the_cli_exits_as_on_posix(s3: S3Endpoint, capsys: pytest.CaptureFixture[str]) -> None:
-    """0 for a clean store, 1 with errors (and --json says the same), 2 for no store."""
+    """0 for a clean store (also for one task), 1 with errors (and --json says the same), 2
+    for no such task or no store."""
     store, blob = filled(s3)
     code, out, _ = cli(capsys, "fsck", store.root)
     assert (0, "checked 5 objects and 1 task") == (code, out.splitlines()[-1].split(" in ")[0])
+    code, out, _ = cli(capsys, "fsck", store.root, "--task", TASK)
+    assert (0, "checked 5 objects and 1 task") == (code, out.splitlines()[-1].split(" in ")[0])
+    assert 2 == cli(capsys, "fsck", store.root, "--task", "no-such-task")[0]
     bucket, key = bucket_and_key(store, object_relpath(blob))
     client(s3).put_object(Bucket=bucket, Key=key, Body=b"not an object")
     code, out, _ = cli(capsys, "fsck", store.root, "--json")
