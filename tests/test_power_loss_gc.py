@@ -32,14 +32,16 @@ import test_power_loss as pl
 from test_power_loss import STORE, Exploration, Op, Recorder, Verdict, explore, scratch_dir
 
 import castore
-import castore.maintenance.fsck.quarantine as quarantine_module
+import castore.maintenance.fsck.quarantine as fsck_quarantine
 import castore.maintenance.gc
+import castore.medium.setaside as quarantine_module
 from castore import crashpoints
 from castore.format.layout import MARKER_NAME, object_relpath
 from castore.maintenance.fsck import Finding, check_store
 from castore.maintenance.fsck.quarantine import quarantine
 from castore.maintenance.gc import collect
 from castore.medium import fsio
+from castore.medium.base import Entry, Judge
 
 PLAN = castore.Plan.build("plgc", "a", "b", "c")
 
@@ -128,17 +130,22 @@ def quarantine_workload(base: Path, ops: list[Op]) -> None:
     assert "unknown-kind" in {f.code for f in findings}
     blob_path = object_relpath(ref.blob)
     findings.append(Finding("hash-mismatch", blob_path, "outdated", ref.blob))
-    real_damaged = quarantine_module._damaged
+    real_judge = fsck_quarantine._still_damaged
     looks: list[str] = []
 
-    def first_look_outdated(dir_fd: int, name: str, relpath: str, finding: Finding) -> bool:
-        looks.append(name)
-        if name == ref.blob and looks.count(name) == 1:
-            return True  # what fsck saw; the look after the link sees it intact
-        return real_damaged(dir_fd, name, relpath, finding)
+    def first_look_outdated(finding: Finding) -> Judge:
+        judge = real_judge(finding)
+
+        def looked(data: bytes | None, entry: Entry) -> bool:
+            looks.append(entry.name)
+            if entry.name == ref.blob and looks.count(entry.name) == 1:
+                return True  # what fsck saw; the look after the link sees it intact
+            return judge(data, entry)
+
+        return looked
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(quarantine_module, "_damaged", first_look_outdated)
+        mp.setattr(fsck_quarantine, "_still_damaged", first_look_outdated)
         _, moved = quarantine(store.root, findings)
     assert [BAD_ID] == [f.object_id for f in moved]
     assert 2 == looks.count(ref.blob)

@@ -49,6 +49,7 @@ from castore.maintenance.fsck.named import NamedObjects
 from castore.maintenance.fsck.tree import walk_objects
 from castore.maintenance.fsck.workers import TaskContext, check_tasks
 from castore.medium.fsread import open_directory, read_in
+from castore.medium.posix import PosixMedium
 
 T = TypeVar("T")
 
@@ -137,12 +138,13 @@ def breakdown(root: str, rounds: int) -> dict[str, float]:
             finally:
                 os.close(directory)
 
-    context = TaskContext(root, int(time.time() * 1000), 3_600_000)
+    medium = PosixMedium(root)
+    context = TaskContext(medium, int(time.time() * 1000), 3_600_000)
     named = [(name, decode_task_id(name)) for name in names]
-    results = list(check_tasks(context, named, NamedObjects(root)))
+    results = list(check_tasks(context, named, NamedObjects(medium)))
 
     def main_process() -> None:  # what the caller adds: list objects/, match slots to files
-        coverage = Coverage(walk_objects(root))
+        coverage = Coverage(walk_objects(medium))
         for result in results:
             list(coverage.add_task(result))
 
@@ -150,7 +152,7 @@ def breakdown(root: str, rounds: int) -> dict[str, float]:
         "syscalls": lambda: slots(0),
         "hash": lambda: slots(1),
         "decode": lambda: slots(2),
-        "task_pass": lambda: list(check_tasks(context, named, NamedObjects(root))),
+        "task_pass": lambda: list(check_tasks(context, named, NamedObjects(medium))),
         "main_process": main_process,
     }
     best = dict.fromkeys(steps, float("inf"))

@@ -58,7 +58,7 @@ def cmd_fsck(args: argparse.Namespace) -> int:
         else:
             print(finding_line(finding))
     if args.quarantine:
-        where, moved = quarantine(Store.open(store_path(args)).root, findings)
+        where, moved = quarantine(Store.open(store_path(args)).medium, findings)
         note = (
             f"quarantined {len(moved)} damaged object(s) in {where}"
             if moved

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import attrs
 
@@ -52,6 +52,10 @@ class Entry:
         return self.kind == "regular file"
 
 
+# fsck's question before it sets a damaged file aside: is it (still) damaged?
+Judge = Callable[[bytes | None, Entry], bool]
+
+
 class Medium(abc.ABC):
     """A place that holds one store's files, addressed by keys (see the module docstring)."""
 
@@ -63,6 +67,11 @@ class Medium(abc.ABC):
     frees_names: bool = True
     #: a chain slot is a second name of its snapshot's object (POSIX hard links)
     aliases: bool = True
+    #: directories are names of their own, made and kept apart from the files in them; False
+    #: where a "directory" is a key prefix, present only while some key is under it
+    directories: bool = True
+    #: names at the top of a store that the medium keeps for itself (not the format's)
+    private_names: frozenset[str] = frozenset()
 
     # -- reading ---------------------------------------------------------------------------
     @abc.abstractmethod
@@ -112,6 +121,45 @@ class Medium(abc.ABC):
     @abc.abstractmethod
     def stat(self, key: str) -> Entry:
         """What is known of `key` (FileNotFoundError if nothing is there)."""
+
+    # -- fsck's reads: what a file holds, and what it is -------------------------------------
+    @abc.abstractmethod
+    def read_entry(self, key: str, *, limit: int = MAX_OBJECT_SIZE) -> tuple[bytes, Entry]:
+        """`read`, and what is known of the very file those bytes came from (one open: never
+        a later lookup's answer, which could be another file's by then)."""
+
+    @contextlib.contextmanager
+    def reader(self, key: str) -> Iterator[Callable[[str], tuple[bytes, Entry]]]:
+        """A `read_entry` of names in the directory `key`, for many reads in a row (fsck
+        reads every slot of a chain so): POSIX opens the directory once, with no path walk
+        from the root for each name. Errors are `read_entry`'s, for each name read."""
+        prefix = f"{key}/" if key else ""
+        yield lambda name: self.read_entry(prefix + name)
+
+    def names_and_inodes(self, key: str) -> list[tuple[str, int | None]]:
+        """`names`, each with the inode of what it names where the listing itself says it
+        (POSIX: from the directory read, no lookup per name); None where the medium has no
+        inodes. Two names of one inode are one stored file (a slot and its object)."""
+        return [(name, None) for name in self.names(key)]
+
+    def lock_held(self, key: str) -> bool:
+        """True if a worker holds the task lock `key` now; asked without taking it and
+        without writing anything. False where the medium has no locks."""
+        del key
+        return False
+
+    @abc.abstractmethod
+    def set_aside(self, key: str, target: str, still_bad: Judge) -> bool:
+        """Move what `key` names (a file; a symlink or a directory as itself, never followed)
+        to the new name `target`, creating the directories `target` needs, never writing
+        through a symlink on either way (UnsafeFileError). Nothing is ever lost: the new
+        name is durable before the old one goes, and `still_bad(bytes, entry)` (bytes None:
+        not a regular file) is asked of `key` right before the move and once more of what
+        `target` holds before `key` goes; when it says False (a writer stored the file
+        again, intact), the new name is taken away and `key` stays. True if `key` moved.
+        POSIX: a hard link, made durable, then the old name unlinked (a directory: renamed).
+        S3: a copy, then a delete of the original; never atomic (a crash between them
+        leaves both keys, the copy under `target`)."""
 
     # -- writing ---------------------------------------------------------------------------
     @abc.abstractmethod

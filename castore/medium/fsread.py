@@ -14,6 +14,7 @@ from typing import TypeVar
 from castore.errors import OversizedFileError, StoreIOError, UnsafeFileError
 from castore.format.digest import Hasher
 from castore.format.limits import MAX_OBJECT_SIZE
+from castore.medium.base import Entry
 from castore.medium.oserrors import file_kind, io_error, translated
 
 R = TypeVar("R")
@@ -255,3 +256,16 @@ def list_names(directory: str) -> list[str]:
     """The names in `directory` (FileNotFoundError if it does not exist)."""
     with translated(directory, "listing the directory"):
         return os.listdir(directory)
+
+
+def entry_of(name: str, info: os.stat_result) -> Entry:
+    """The medium's Entry for a file `name` of status `info` (an lstat or fstat)."""
+    return Entry(
+        name=name,
+        kind=file_kind(info.st_mode),
+        size=info.st_size,
+        mtime=info.st_mtime,
+        mode=stat.S_IMODE(info.st_mode),
+        inode=info.st_ino,
+        links=info.st_nlink,
+    )

@@ -13,14 +13,14 @@ import errno
 import os
 import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from castore import crashpoints
 from castore.errors import DurabilityError, StoreIOError
 from castore.format.layout import TMP_PREFIX
 from castore.format.limits import MAX_OBJECT_SIZE
-from castore.medium import fsio, fsread, groupflush, oserrors, posixinit
-from castore.medium.base import Entry, Medium
+from castore.medium import fsio, fsread, groupflush, oserrors, posixinit, setaside, tasklock
+from castore.medium.base import Entry, Judge, Medium
 from castore.medium.mountinfo import names_are_coherent
 from castore.medium.tasklock import TaskLock
 
@@ -125,14 +125,50 @@ class PosixMedium(Medium):
                 info = entry.stat(follow_symlinks=False)
             except FileNotFoundError:
                 continue  # removed while listed
-            found.append(_entry(entry.name, info))
+            found.append(fsread.entry_of(entry.name, info))
         return found
 
     def stat(self, key: str) -> Entry:
         path = self.path(key)
         with oserrors.translated(path, "looking up"):
             info = os.lstat(path)
-        return _entry(os.path.basename(path), info)
+        return fsread.entry_of(os.path.basename(path), info)
+
+    def read_entry(self, key: str, *, limit: int = MAX_OBJECT_SIZE) -> tuple[bytes, Entry]:
+        path = self.path(key)
+        data, info = fsread.read_regular_with_stat(path, limit)
+        return data, fsread.entry_of(os.path.basename(path), info)
+
+    @contextlib.contextmanager
+    def reader(self, key: str) -> Iterator[Callable[[str], tuple[bytes, Entry]]]:
+        """The directory opened once (never through a symlink); if it cannot be, each read
+        goes by its path, and says why it fails."""
+        try:
+            dir_fd = fsread.open_directory(self.path(key))
+        except OSError:
+            prefix = f"{key}/" if key else ""
+            yield lambda name: self.read_entry(prefix + name)
+            return
+
+        def read(name: str) -> tuple[bytes, Entry]:
+            data, info = fsread.read_in(dir_fd, name)
+            return data, fsread.entry_of(name, info)
+
+        try:
+            yield read
+        finally:
+            fsread.close_read(dir_fd)
+
+    def names_and_inodes(self, key: str) -> list[tuple[str, int | None]]:
+        path = self.path(key)
+        with oserrors.translated(path, "listing the directory"):
+            return [(entry.name, entry.inode()) for entry in os.scandir(path)]
+
+    def lock_held(self, key: str) -> bool:
+        return tasklock.held(self.path(key))
+
+    def set_aside(self, key: str, target: str, still_bad: Judge) -> bool:
+        return setaside.set_aside(self.root, key, target, still_bad)
 
     # -- writing ---------------------------------------------------------------------------
     def create(
@@ -271,18 +307,6 @@ class PosixMedium(Medium):
 def _raise_listing_error(exc: OSError) -> None:
     """os.walk's onerror: a directory that cannot be listed is an error, never empty."""
     raise StoreIOError(str(exc.filename), "listing", exc) from exc
-
-
-def _entry(name: str, info: os.stat_result) -> Entry:
-    return Entry(
-        name=name,
-        kind=oserrors.file_kind(info.st_mode),
-        size=info.st_size,
-        mtime=info.st_mtime,
-        mode=stat.S_IMODE(info.st_mode),
-        inode=info.st_ino,
-        links=info.st_nlink,
-    )
 
 
 class _Batch:

@@ -36,7 +36,7 @@ from castore.errors import (
 from castore.format.digest import Hasher
 from castore.format.layout import MARKER_KEY, OBJECTS_DIR, TASKS_DIR
 from castore.format.limits import MAX_OBJECT_SIZE
-from castore.medium.base import Entry, Medium
+from castore.medium.base import Entry, Judge, Medium
 from castore.medium.s3client import Client, Exists, Missing
 from castore.medium.tasklock import TaskLock
 
@@ -54,6 +54,8 @@ class S3Medium(Medium):
     kind = "s3"
     frees_names = False
     aliases = False
+    directories = False
+    private_names = frozenset({VERDICT_KEY, _PROBE_KEY})
 
     def __init__(self, client: Client, prefix: str) -> None:
         self.client = client
@@ -89,6 +91,20 @@ class S3Medium(Medium):
             raise FileNotFoundError(2, "no such key", where) from None
         except OverflowError as exc:
             raise OversizedFileError(where, int(str(exc)), limit) from None
+
+    def read_entry(self, key: str, *, limit: int = MAX_OBJECT_SIZE) -> tuple[bytes, Entry]:
+        """One GET: the bytes and the key's size and age, as that response gives them."""
+        where = self.where(key)
+        try:
+            response = self.client.call(where, "get_object", Key=self.s3_key(key))
+            data = self.client.body(response, where, limit)
+        except Missing:
+            raise FileNotFoundError(2, "no such key", where) from None
+        except OverflowError as exc:
+            raise OversizedFileError(where, int(str(exc)), limit) from None
+        modified = response.get("LastModified")
+        mtime = modified.timestamp() if modified is not None else 0.0
+        return data, Entry(key.rsplit("/", 1)[-1], "regular file", len(data), mtime)
 
     def read_fresh(self, key: str, *, limit: int = MAX_OBJECT_SIZE) -> bytes:
         return self.read(key, limit=limit)  # S3 reads are strongly consistent: no cache
@@ -259,6 +275,37 @@ class S3Medium(Medium):
 
     def retire(self, key: str) -> None:
         del key  # the name and its bytes stay, so no writer can create it again
+
+    def set_aside(self, key: str, target: str, still_bad: Judge) -> bool:
+        """A copy, then a delete of the original (S3 has no move): judged before the copy
+        and again, as the copy, before the delete. Not atomic: a crash between the two
+        leaves both keys. No writer can replace the key in between: every create is
+        exclusive (If-None-Match), so while the damaged key exists nobody stores it again."""
+        try:
+            data, entry = self.read_entry(key)
+        except FileNotFoundError:
+            return False
+        if not still_bad(data, entry):
+            return False
+        try:
+            self.client.call(
+                self.where(target),
+                "copy_object",
+                Key=self.s3_key(target),
+                CopySource={"Bucket": self.client.bucket, "Key": self.s3_key(key)},
+            )
+        except Missing:
+            return False  # gone since it was judged: nothing to move
+        crashpoints.reach("quarantine.moved")
+        try:
+            copied = self.read_entry(target)
+        except FileNotFoundError:
+            return False  # removed by someone else meanwhile; the original is kept
+        if not still_bad(*copied):
+            self.remove(target)  # stored again, intact, since it was judged: it stays
+            return False
+        self.remove(key)
+        return True
 
     def make_dir(self, key: str) -> bool:
         del key

@@ -10,6 +10,8 @@ no earlier run's send still runs (docs/FORMAT.md §14).
 from __future__ import annotations
 
 import errno
+import fcntl
+import os
 
 import filelock
 
@@ -58,3 +60,21 @@ class TaskLock:
             self._lock.release()
         except OSError as exc:  # the kernel dropped the lock with the descriptor; an I/O error
             raise oserrors.io_error(self._path, "releasing the task lock", exc) from exc
+
+
+def held(path: str) -> bool:
+    """True if a worker holds the lock file `path`; asks with a shared, non-blocking flock
+    (taken and let go at once: nothing is written, no worker is kept waiting)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as exc:
+        return exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN)
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)

@@ -5,7 +5,8 @@ Worker processes check every task: each chain slot is read once and judged both 
 of the chain and as the snapshot object it is (the same inode), and each plan or blob a
 chain names is checked where its id says it lives. Meanwhile this process lists objects/;
 then it checks directly whatever the task pass did not cover, and reports what no task
-refers to.
+refers to. Every file is reached through the store's medium (a POSIX directory, an S3
+prefix: there the work stays in this process, and a slot is its snapshot's only copy).
 
 May import: castore.store and what is below it (it reads the store's files itself, never
 through a writer's code path, and writes nothing but with --quarantine).
@@ -23,7 +24,6 @@ import attrs
 from castore.errors import StoreNotFoundError, UsageError
 from castore.format.layout import (
     TASKS_DIR,
-    Layout,
     chain_key,
     decode_task_id,
     encode_task_id,
@@ -34,6 +34,7 @@ from castore.maintenance.fsck.findings import CODES, Finding, Severity
 from castore.maintenance.fsck.objects import ObjectReport
 from castore.maintenance.fsck.tree import (
     Inventory,
+    is_directory,
     marker_finding,
     missing_directories,
     walk_objects,
@@ -41,6 +42,7 @@ from castore.maintenance.fsck.tree import (
 )
 from castore.maintenance.fsck.workers import TaskContext, Workers
 from castore.medium import oserrors
+from castore.medium.select import open_medium
 from castore.store import Store
 
 __all__ = ["CODES", "Finding", "Severity", "Summary", "check_store"]
@@ -104,7 +106,7 @@ def check_store(
     except StoreNotFoundError:
         # A missing or empty marker: say what the directory is (an interrupted init, or a
         # store that lost its marker, which is checked all the same) instead of refusing.
-        found = marker_finding(Layout(path).root) if task is None else None
+        found = marker_finding(open_medium(path)) if task is None else None
         if found is None:
             raise
         tally.add(found[0])
@@ -112,13 +114,14 @@ def check_store(
         if not found[1]:
             return
         store = Store.unmarked(path)
-    root = store.root
+    # Workers are forked on POSIX only: a forked S3 client would share its parent's
+    # connections (and the work there is waiting on requests, not on the CPU).
+    jobs = (jobs or os.cpu_count() or 1) if store.medium.kind == "posix" else 1
     for finding in _check(
         store,
-        root,
         task=task,
         stuck_after=stuck_after,
-        jobs=jobs or os.cpu_count() or 1,
+        jobs=jobs,
         progress=progress,
         tally=tally,
     ):
@@ -129,7 +132,6 @@ def check_store(
 
 def _check(
     store: Store,
-    root: str,
     *,
     task: str | None,
     stuck_after: float,
@@ -143,17 +145,20 @@ def _check(
             yield Finding("bad-task-name", f"{TASKS_DIR}/{name}", "not the encoding of any task id")
         else:
             named.append((name, task_id))
-    context = TaskContext(root, int(time.time() * 1000), int(stuck_after * 1000))
+    medium = store.medium
+    context = TaskContext(medium, int(time.time() * 1000), int(stuck_after * 1000))
     with Workers(jobs) as pool:
         # The task pass starts first: the workers read every chain (and every snapshot object
         # through its slot, the same inode) while this process lists objects/.
         results = pool.tasks(context, named)
-        inventory = walk_objects(root)
+        inventory = walk_objects(medium)
         if task is None:
-            yield from walk_top(root)
-            yield from missing_directories(root)
+            yield from walk_top(medium)
+            yield from missing_directories(medium)
             yield from inventory.findings
-        coverage = Coverage(inventory, names_may_be_lost=store.format_version >= 2)
+        coverage = Coverage(
+            inventory, names_may_be_lost=store.format_version >= 2, aliases=medium.aliases
+        )
         unreadable = False
         chain_findings: list[Finding] = []  # reported after the objects they may point at
         for result in results:
@@ -166,7 +171,7 @@ def _check(
         # in damaged chains, snapshot objects whose slot is a copy. With --task, only what
         # that task names.
         wanted = None if task is None else coverage.refers_to()
-        coverage.add_reports(pool.objects(root, coverage.unchecked(wanted)))
+        coverage.add_reports(pool.objects(medium, coverage.unchecked(wanted)))
         if progress:
             progress(coverage.checked, coverage.checked)  # done: the last call, done == total
         tally.objects = coverage.checked
@@ -192,7 +197,7 @@ def _explained(findings: Iterable[Finding], inventory: Inventory) -> Iterator[Fi
             yield finding
 
 
-def _wrong_name_or_rot(report: ObjectReport, present: dict[str, int]) -> Iterator[Finding]:
+def _wrong_name_or_rot(report: ObjectReport, present: dict[str, int | None]) -> Iterator[Finding]:
     """A valid object under a wrong name is only that if the object it really is exists;
     otherwise its bytes changed and still happen to decode: a hash mismatch (bit rot)."""
     for finding in report.findings:
@@ -209,10 +214,9 @@ def _tasks(store: Store, only: str | None) -> Iterator[tuple[str, str | None]]:
             raise UsageError(f"no task {only!r} in {store.root}; see `castore status`")
         yield encode_task_id(only), only
         return
-    tasks_dir = os.path.join(store.root, TASKS_DIR)
-    if not os.path.isdir(tasks_dir) or os.path.islink(tasks_dir):
+    if not is_directory(store.medium, TASKS_DIR):
         return
-    for name in sorted(os.listdir(tasks_dir)):
+    for name in sorted(store.medium.names(TASKS_DIR)):
         try:
             yield name, decode_task_id(name)
         except UsageError:

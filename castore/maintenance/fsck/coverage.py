@@ -19,8 +19,13 @@ class Coverage:
     """Every object's report, gathered from the task pass and then from direct checks, and
     the findings of slots that only the whole store's listing can make."""
 
-    def __init__(self, inventory: Inventory, *, names_may_be_lost: bool = False) -> None:
+    def __init__(
+        self, inventory: Inventory, *, names_may_be_lost: bool = False, aliases: bool = True
+    ) -> None:
         self.inventory = inventory
+        # POSIX: a slot is a second name of its snapshot's object; where it is not (S3), a
+        # slot is its snapshot's only copy, and objects/ holds no name of it to miss.
+        self._aliases = aliases
         # v2: a commit leaves its snapshot's object name unsynced (FORMAT.md §13, "A lost
         # snapshot name"), so a vouched slot without one is a lost name; in v1 it never is.
         self._names_may_be_lost = names_may_be_lost
@@ -35,7 +40,10 @@ class Coverage:
         """Take one task's slots and named objects; yield, in slot order, what its slots say
         of objects/."""
         self.referenced |= result.refs
-        odd = self._clean_slots(result) + self._slots(result)
+        if self._aliases:
+            odd = self._clean_slots(result) + self._slots(result)
+        else:
+            odd = self._only_copies(result)
         for seq, snapshot_id, what in sorted(odd):
             if what:
                 yield _slot_finding(result.name, result.task_id, seq, snapshot_id, what)
@@ -59,6 +67,31 @@ class Coverage:
                 self.clean.add(snapshot_id)
             else:
                 odd.append((seq, snapshot_id, self._nameless(result, seq) if inode is None else ""))
+        return odd
+
+    def _only_copies(self, result: TaskResult) -> list[tuple[int, str, str]]:
+        """Slots that are their snapshots' only copies (no aliases): checked through the slot,
+        its report the snapshot's own; one found in objects/ too is a copy there, judged
+        once that object is checked."""
+        odd = []
+        listed = self.inventory.inodes
+        for seq, snapshot_id, _ in result.clean_slots():
+            if snapshot_id in listed:
+                self.referenced.add(snapshot_id)
+                odd.append((seq, snapshot_id, ""))
+            else:
+                self.clean.add(snapshot_id)
+        for slot in result.slots:
+            self.referenced.add(slot.snapshot_id)
+            if slot.snapshot_id in listed:
+                odd.append((slot.seq, slot.snapshot_id, ""))
+            elif not slot.findings:
+                self.clean.add(slot.snapshot_id)
+            elif slot.snapshot_id not in self.reports:
+                path = _slot_path(result.name, slot.seq)
+                self.reports[slot.snapshot_id] = ObjectReport(
+                    slot.snapshot_id, path, slot.kind, slot.findings
+                )
         return odd
 
     def _slots(self, result: TaskResult) -> list[tuple[int, str, str]]:
@@ -129,6 +162,9 @@ _SAYS = {
 }
 
 
+def _slot_path(name: str, seq: int) -> str:
+    return f"{TASKS_DIR}/{name}/{CHAIN_DIR}/{slot_name(seq)}"
+
+
 def _slot_finding(name: str, task_id: str, seq: int, object_id: str, code: str) -> Finding:
-    relpath = f"{TASKS_DIR}/{name}/{CHAIN_DIR}/{slot_name(seq)}"
-    return Finding(code, relpath, _SAYS[code], object_id, task_id)
+    return Finding(code, _slot_path(name, seq), _SAYS[code], object_id, task_id)

@@ -3,8 +3,6 @@ its id says it lives, and the shape of each plan the chain checks need."""
 
 from __future__ import annotations
 
-import os
-import stat
 from typing import Any
 
 import attrs
@@ -15,7 +13,7 @@ from castore.format.layout import OBJECTS_DIR, is_object_name, object_relpath
 from castore.format.records import Plan
 from castore.maintenance.fsck.findings import Finding
 from castore.maintenance.fsck.objects import ObjectReport, check_named
-from castore.medium.posix import PosixMedium
+from castore.medium.base import Medium
 
 
 @attrs.frozen
@@ -39,8 +37,8 @@ class NamedObjects:
     """The objects snapshots name (plans, result blobs), each checked once per unit of work:
     a reference is judged by the object itself, read where its id says it is."""
 
-    def __init__(self, root: str) -> None:
-        self.root = root
+    def __init__(self, medium: Medium) -> None:
+        self.medium = medium
         self.reports: dict[str, ObjectReport | None] = {}  # None: no such object file
         self._shapes: dict[str, PlanShape | None] = {}
         self._fanouts: dict[str, bool] = {}  # fan-out name -> a real directory
@@ -67,7 +65,7 @@ class NamedObjects:
         """What a damaged tree or pack still names, read as gc reads it (gc keeps those, so
         fsck must not call them unreachable; if gc cannot read them, it keeps everything)."""
         try:
-            loaded = references.load_key(PosixMedium(self.root), object_relpath(object_id))
+            loaded = references.load_key(self.medium, object_relpath(object_id))
             return list(references.named_by(*loaded)) if isinstance(loaded, tuple) else []
         except references.UnreadableNames:
             self.unreadable = True
@@ -87,7 +85,7 @@ class NamedObjects:
         # fan-out entry), a reference finds nothing either: never read through a symlink.
         found = None
         if is_object_name(object_id) and self._real_fanout(object_id[:2]):
-            found = check_named(self.root, object_id)
+            found = check_named(self.medium, object_id)
         self.reports[object_id] = found
         return found
 
@@ -146,10 +144,10 @@ class NamedObjects:
             return self._fanouts[fanout]
         except KeyError:
             try:
-                mode = os.lstat(os.path.join(self.root, OBJECTS_DIR, fanout)).st_mode
+                kind = self.medium.stat(f"{OBJECTS_DIR}/{fanout}").kind
             except OSError:
-                mode = 0
-            real = self._fanouts[fanout] = stat.S_ISDIR(mode)
+                kind = ""
+            real = self._fanouts[fanout] = kind == "directory"
             return real
 
     def plan_shape(self, plan_id: str) -> PlanShape | None:

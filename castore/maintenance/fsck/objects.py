@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 from typing import Any
 
 import attrs
@@ -19,8 +18,7 @@ from castore.format.plans import validate_plan
 from castore.format.records import Plan, Snapshot
 from castore.maintenance.fsck.findings import Finding
 from castore.maintenance.fsck.packcheck import PACK_PREFIX, PackBroken, check_pack, damaged_code
-from castore.medium import fsread
-from castore.medium.fsread import read_regular_with_stat
+from castore.medium.base import Entry, Medium
 
 _EXPECTED_LINKS = {"snapshot": 2}  # a snapshot object is also its chain slot
 
@@ -43,14 +41,14 @@ class ObjectReport:
         return self.kind is None
 
 
-def read_with_stat(path: str) -> tuple[bytes, os.stat_result]:
-    """(bytes, fstat) of a regular file, refusing links/FIFOs, re-read once on an I/O error."""
+def read_with_entry(medium: Medium, key: str) -> tuple[bytes, Entry]:
+    """(bytes, entry) of a regular file, refusing links/FIFOs, re-read once on an I/O error."""
     try:
-        return read_regular_with_stat(path)
+        return medium.read_entry(key)
     except (FileNotFoundError, UnsafeFileError):
         raise
     except OSError:
-        return read_regular_with_stat(path)
+        return medium.read_entry(key)
 
 
 def canonical_bytes(value: Any) -> bytes:
@@ -60,50 +58,49 @@ def canonical_bytes(value: Any) -> bytes:
     ).encode("utf-8")
 
 
-def check_object(root: str, relpath: str, object_id: str) -> ObjectReport:
-    """Check the object file at `relpath` (under `root`) named `object_id`."""
-    read = _read_object(root, relpath, object_id)
+def check_object(medium: Medium, relpath: str, object_id: str) -> ObjectReport:
+    """Check the object file at `relpath` named `object_id`."""
+    read = _read_object(medium, relpath, object_id)
     if isinstance(read, ObjectReport):
         return read
-    return _confirmed(root, relpath, object_id, check_data(relpath, object_id, *read))
+    return _confirmed(medium, relpath, object_id, check_data(relpath, object_id, *read))
 
 
 # Findings a stale read from a shared filesystem's client cache can fake (FORMAT.md 11.5).
 _STALE_LOOKING = frozenset({"object-empty", "hash-mismatch", "truncated", "bad-header"})
 
 
-def _confirmed(root: str, relpath: str, object_id: str, report: ObjectReport) -> ObjectReport:
+def _confirmed(medium: Medium, relpath: str, object_id: str, report: ObjectReport) -> ObjectReport:
     """`report`, or, when it calls the bytes damaged in a way a stale read can fake, the
     report of the bytes read again past the client's caches (a new open, pages dropped)."""
     if not report.damaged or not any(f.code in _STALE_LOOKING for f in report.findings):
         return report
-    path = os.path.join(root, relpath)
     try:
-        data, info = fsread.read_uncached(path), os.lstat(path)
+        data, info = medium.read_fresh(relpath), medium.stat(relpath)
     except OSError:
         return report  # what the first read found stands
     return check_data(relpath, object_id, data, info)
 
 
-def check_named(root: str, object_id: str) -> ObjectReport | None:
+def check_named(medium: Medium, object_id: str) -> ObjectReport | None:
     """Check the object a record names, by id (a valid one: it becomes a path); None if
     there is no such object file."""
     relpath = object_relpath(object_id)
-    read = _read_object(root, relpath, object_id)
+    read = _read_object(medium, relpath, object_id)
     if isinstance(read, ObjectReport):
         return None if read.missing else read
     data, info = read
     return _intact_blob(relpath, object_id, data, info) or _confirmed(
-        root, relpath, object_id, check_data(relpath, object_id, data, info)
+        medium, relpath, object_id, check_data(relpath, object_id, data, info)
     )
 
 
 def _read_object(
-    root: str, relpath: str, object_id: str
-) -> tuple[bytes, os.stat_result] | ObjectReport:
+    medium: Medium, relpath: str, object_id: str
+) -> tuple[bytes, Entry] | ObjectReport:
     """The bytes and status of an object file, or the report of why they cannot be read."""
     try:
-        return read_with_stat(os.path.join(root, relpath))
+        return read_with_entry(medium, relpath)
     except FileNotFoundError:
         found = Finding("read-error", relpath, "the file vanished while fsck ran", object_id)
         return ObjectReport(object_id, relpath, None, (found,), missing=True)
@@ -117,12 +114,10 @@ def _read_object(
         )
 
 
-def _intact_blob(
-    relpath: str, object_id: str, data: bytes, info: os.stat_result
-) -> ObjectReport | None:
+def _intact_blob(relpath: str, object_id: str, data: bytes, info: Entry) -> ObjectReport | None:
     """The report of a blob with nothing to report, in few calls (most objects chains name
     are result blobs); None when in any doubt: check_data then says what there is."""
-    if info.st_mode & 0o222 or info.st_nlink > 1:  # writable, or hard-linked
+    if (info.mode or 0) & 0o222 or (info.links or 1) > 1:  # writable, or hard-linked
         return None
     body = codec.intact_body(data, "blob")
     if body is None or decode_canonical_value(body) is None or hash_bytes(data) != object_id:
@@ -134,7 +129,7 @@ def check_data(
     relpath: str,
     object_id: str,
     data: bytes,
-    info: os.stat_result,
+    info: Entry,
     found: list[Finding] | None = None,
     *,
     hashed: str | None = None,
@@ -147,10 +142,9 @@ def check_data(
         found.append(Finding(code, relpath, message, object_id))
         return ObjectReport(object_id, relpath, None, tuple(found))
 
-    if info.st_mode & 0o222:
-        found.append(
-            Finding("writable-object", relpath, f"mode {info.st_mode & 0o777:o}", object_id)
-        )
+    mode = info.mode or 0  # a medium without modes (S3) has no writable object
+    if mode & 0o222:
+        found.append(Finding("writable-object", relpath, f"mode {mode & 0o777:o}", object_id))
     if not data:
         return report("object-empty", "the file is empty")
     actual = hashed or hash_bytes(data)
@@ -163,7 +157,7 @@ def check_data(
             wrong = report("object-wrong-name", f"its bytes are a valid object {actual}")
             return attrs.evolve(wrong, actual=actual)
         return report("hash-mismatch", f"its bytes hash to {actual}")
-    return _check_content(relpath, object_id, data, info.st_nlink, found)
+    return _check_content(relpath, object_id, data, info.links or 1, found)
 
 
 def _decodes(data: bytes) -> bool:

@@ -4,7 +4,6 @@ Read-only; each pack's own contents are checked as an object (packcheck.py)."""
 
 from __future__ import annotations
 
-import os
 from typing import Protocol
 
 import attrs
@@ -26,14 +25,13 @@ from castore.format.links import check_anchor, check_history, check_link, decode
 from castore.format.records import Sealed, Snapshot
 from castore.maintenance.fsck.named import NamedObjects
 from castore.maintenance.fsck.packcheck import PackFacts
-from castore.medium.fsread import read_regular
-from castore.medium.posix import PosixMedium
+from castore.medium.base import Medium
 
 
 class TaskCheck(Protocol):
     """What the sealed-history checks need of the task being checked (tasks.TaskCheck)."""
 
-    root: str
+    medium: Medium
     rel: str
     task_id: str
     named: NamedObjects
@@ -44,13 +42,12 @@ class TaskCheck(Protocol):
     def slot_relpath(self, seq: int) -> str: ...
 
 
-def read_mark(task_id: str, path: str) -> Mark | None:
-    """The mark file at `path` (None if there is none), as every reader reads it; ValueError
+def read_mark(medium: Medium, task_id: str, key: str) -> Mark | None:
+    """The mark file `key` (None if there is none), as every reader reads it; ValueError
     naming what is wrong (a mark that cannot be read is never ignored: every reader fails
     closed on it)."""
     try:
-        directory, name = os.path.split(path)
-        return sealmark.read_file(PosixMedium(directory), task_id, name)
+        return sealmark.read_file(medium, task_id, key)
     except ChainError as exc:
         raise ValueError(exc.reason) from None
     except (OSError, CastoreError) as exc:
@@ -67,12 +64,13 @@ class MarkGenerations:
     problems: list[tuple[str, str, str]] = attrs.field(factory=list)
 
 
-def check_generations(task_id: str, directory: str, rel: str) -> MarkGenerations:
-    """Each generation of the mark: a canonical mark file, numbered 0, 1, … without a gap,
-    each letting more be pruned than the one before (marks only move forward)."""
+def check_generations(medium: Medium, task_id: str, rel: str) -> MarkGenerations:
+    """Each generation of the mark (the directory `rel`): a canonical mark file, numbered
+    0, 1, … without a gap, each letting more be pruned than the one before (marks only move
+    forward)."""
     found = MarkGenerations()
     numbers: list[int] = []
-    for name in sorted(os.listdir(directory)):
+    for name in sorted(medium.names(rel)):
         number = parse_slot_name(name)
         if number is not None:
             numbers.append(number)
@@ -89,7 +87,7 @@ def check_generations(task_id: str, directory: str, rel: str) -> MarkGenerations
             found.problems.append((path, "sealed-mark-damaged", message))
             return found
         try:
-            mark = read_mark(task_id, os.path.join(directory, slot_name(number)))
+            mark = read_mark(medium, task_id, path)
         except ValueError as exc:
             found.damaged = True
             found.problems.append((path, "sealed-mark-damaged", str(exc)))
@@ -209,9 +207,8 @@ def _check_mark(
 def _tail_first(check: TaskCheck, seq: int) -> tuple[str, Snapshot] | None:
     """The snapshot just above the seal, from its slot (None if it cannot be read: the
     slot's own findings say why)."""
-    path = os.path.join(check.root, check.rel, CHAIN_DIR, slot_name(seq))
     try:
-        data = read_regular(path)
+        data = check.medium.read(f"{check.rel}/{CHAIN_DIR}/{slot_name(seq)}")
         snapshot_id = hash_bytes(data)
         return snapshot_id, decode_snapshot(check.task_id, snapshot_id, data)
     except (OSError, CastoreError):

@@ -17,6 +17,7 @@ from castore.maintenance.fsck.forked import ForkedMap
 from castore.maintenance.fsck.named import NamedObjects
 from castore.maintenance.fsck.objects import ObjectReport, check_object
 from castore.maintenance.fsck.tasks import SlotCheck, TaskCheck
+from castore.medium.base import Medium
 
 BATCH = 500  # objects per unit of work of the direct checks
 PARALLEL_TASKS = 8  # below this a process pool costs more than it saves
@@ -26,7 +27,7 @@ PARALLEL_TASKS = 8  # below this a process pool costs more than it saves
 class TaskContext:
     """What every task check needs besides the tasks."""
 
-    root: str
+    medium: Medium
     now_ms: int
     stuck_after_ms: int
 
@@ -65,7 +66,7 @@ def check_tasks(
     reported = len(objects.reports)
     for name, task_id in named:
         check = TaskCheck(
-            context.root,
+            context.medium,
             name=name,
             task_id=task_id,
             named=objects,
@@ -119,7 +120,7 @@ class Workers:
 
     def tasks(self, context: TaskContext, named: list[tuple[str, str]]) -> Iterator[TaskResult]:
         """Results in task order; with workers, the work has started when this returns."""
-        objects = NamedObjects(context.root)
+        objects = NamedObjects(context.medium)
         if not self._worth_forking(len(named) >= PARALLEL_TASKS):
             return check_tasks(context, named, objects)
         size = max(1, len(named) // (self._jobs * 16))  # small: workers finish together
@@ -128,12 +129,12 @@ class Workers:
         forked = self._started(ForkedMap(work, batches, self._jobs))
         return (result for batch in forked for result in batch)
 
-    def objects(self, root: str, items: list[tuple[str, str]]) -> Iterator[ObjectReport]:
+    def objects(self, medium: Medium, items: list[tuple[str, str]]) -> Iterator[ObjectReport]:
         """Reports of the objects at `items` (path, id), in that order."""
         if not self._worth_forking(len(items) >= PARALLEL_OBJECTS):
-            return iter(check_batch(root, items))
+            return iter(check_batch(medium, items))
         batches = [items[i : i + BATCH] for i in range(0, len(items), BATCH)]
-        work = functools.partial(check_batch, root)
+        work = functools.partial(check_batch, medium)
         forked = self._started(ForkedMap(work, batches, self._jobs))
         return (report for batch in forked for report in batch)
 
@@ -148,9 +149,9 @@ class Workers:
 PARALLEL_OBJECTS = 200  # objects left to check directly; fewer are checked in this process
 
 
-def check_batch(root: str, batch: list[tuple[str, str]]) -> list[ObjectReport]:
+def check_batch(medium: Medium, batch: list[tuple[str, str]]) -> list[ObjectReport]:
     """Check some objects by path (a unit of work for a worker process)."""
-    return [attrs.evolve(check_object(root, relpath, i), record=None) for relpath, i in batch]
+    return [attrs.evolve(check_object(medium, relpath, i), record=None) for relpath, i in batch]
 
 
 def _may_fork() -> bool:
