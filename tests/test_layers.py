@@ -1,5 +1,6 @@
 """The tree shows the layers (issue 24): imports point down, no module imports in a circle,
-no module is too long, and only the medium touches the filesystem.
+no module is too long, only the medium touches the filesystem, and each third-party library
+has one importer.
 
 The floors, bottom first (each package's docstring says what it owns and may import):
 
@@ -20,6 +21,7 @@ as listed in ADAPTER_EDGES (the CLI drives the others; the lab and doctor are th
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -285,3 +287,47 @@ def test_the_filesystem_check_sees_a_call() -> None:
     finally:
         here.unlink()
     assert {"os.lstat()", "os.path.isdir()", "open()", "imports castore.medium.fsio"} == set(calls)
+
+
+# -- third-party dependencies: each imported by exactly one module ----------------------------
+def third_party_imports(path: Path) -> set[str]:
+    """The top-level names of the non-stdlib, non-castore packages a file imports, anywhere."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+    return {n for n in found if n not in sys.stdlib_module_names and n not in ("castore",)}
+
+
+def test_each_third_party_dependency_has_one_importer() -> None:
+    """A third-party library is imported by exactly one castore module (the brief's rule):
+    the one place to change when it changes, and the one place that knows its API."""
+    importers: dict[str, list[str]] = {}
+    for name, path in MODULES.items():
+        for package in third_party_imports(path):
+            importers.setdefault(package, []).append(name)
+    shared = {package: names for package, names in importers.items() if len(names) > 1}
+    assert {} == shared
+    # The owners, so that a new dependency is a decision someone sees in review.
+    assert {
+        "attrs": ["castore.format.model"],
+        "cattrs": ["castore.format.codec"],
+        "blake3": ["castore.format.digest"],
+        "msgspec": ["castore.format.fastdecode"],
+        "filelock": ["castore.medium.tasklock"],
+        "boto3": ["castore.medium.s3client"],
+        "botocore": ["castore.medium.s3client"],
+        "watchdog": ["castore.watch.observer"],
+        "langgraph": ["castore.langgraph.deps"],
+        "langchain_core": ["castore.langgraph.deps"],
+        "pydantic": ["castore.langgraph.tool"],
+    } == importers
+
+
+def test_the_dependency_check_sees_a_second_importer(tmp_path: Path) -> None:
+    """Self-test: both spellings of an import are seen, and stdlib names are not counted."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("import os\nimport attrs\nfrom msgspec import json\nfrom . import x\n")
+    assert {"attrs", "msgspec"} == third_party_imports(probe)

@@ -9,8 +9,6 @@ briefs as fast as a 10-step one, however often it was sealed.
 
 from __future__ import annotations
 
-import attrs
-
 from castore.chain.objects import ObjectStore
 from castore.chain.outcomes import Outcome, Outcomes, outcome_of
 from castore.chain.packwalk import read_pack
@@ -22,6 +20,7 @@ from castore.format.effects import ChainClock
 from castore.format.fastdecode import plan_facts
 from castore.format.layout import validate_object_id
 from castore.format.links import decode_snapshot
+from castore.format.model import attrs
 from castore.format.records import Plan, Snapshot, TransitionKind
 
 RECENT = 5  # the most finished steps a brief shows

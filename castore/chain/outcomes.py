@@ -18,12 +18,11 @@ from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-import attrs
-
 from castore.chain import packs
 from castore.chain.objects import ObjectStore
 from castore.errors import CastoreError, ChainError, FormatVersionError, StoreIOError
 from castore.format.links import decode_snapshot
+from castore.format.model import attrs
 from castore.format.records import Snapshot, TransitionKind
 
 # Pack indexes kept in memory: at most this many steps' worth (about 100 bytes each).

@@ -18,14 +18,13 @@ import zlib
 from collections.abc import Sequence
 from typing import Any
 
-import attrs
-
 from castore.errors import ChainError, ObjectCorruptError
 from castore.format import codec, limits
 from castore.format.digest import hash_bytes
 from castore.format.effects import ChainClock
 from castore.format.layout import validate_object_id
 from castore.format.links import check_anchor, check_history, check_link, decode_snapshot
+from castore.format.model import attrs
 from castore.format.records import EffectState, Snapshot, TransitionKind
 
 KIND = "pack"

@@ -10,8 +10,6 @@ every anchor the tail names being one of the packs walked.
 
 from __future__ import annotations
 
-import attrs
-
 from castore.chain import packs
 from castore.chain.objects import ObjectStore
 from castore.chain.outcomes import PackRef
@@ -19,6 +17,7 @@ from castore.errors import CastoreError, ChainError, FormatVersionError, StoreIO
 from castore.format.digest import hash_bytes
 from castore.format.effects import ChainClock
 from castore.format.links import check_anchor, check_history, check_link, decode_snapshot
+from castore.format.model import attrs
 from castore.format.records import Sealed, Snapshot
 
 

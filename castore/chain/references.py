@@ -20,10 +20,9 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-import attrs
-
 from castore.errors import CastoreError
 from castore.format import codec
+from castore.format.model import attrs
 from castore.medium.base import Medium
 
 # Kinds whose bodies name objects that must be followed further.

@@ -20,13 +20,12 @@ import queue
 import threading
 from collections.abc import Callable
 
-import attrs
-
 from castore import crashpoints
 from castore.chain import packs, sealmark
 from castore.chain.objects import ObjectStore
 from castore.chain.refs import TaskSlots
 from castore.errors import CastoreError, UsageError
+from castore.format.model import attrs
 from castore.format.records import Sealed
 
 SEAL_EVERY = packs.MAX_SNAPSHOTS

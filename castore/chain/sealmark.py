@@ -24,12 +24,11 @@ durable, hence that read sees it, and the writer takes its slot back and loses.
 
 from __future__ import annotations
 
-import attrs
-
 from castore import crashpoints
 from castore.errors import ChainError, OversizedFileError, UnsafeFileError
 from castore.format import codec, layout
 from castore.format.layout import LEGACY_MARK_NAME, MARKS_DIR, MAX_SEQ, validate_object_id
+from castore.format.model import attrs
 from castore.medium.base import Medium
 
 # A mark is one short line; anything longer was not written by castore.

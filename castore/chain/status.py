@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import attrs
-
 from castore.chain.verify import VerifiedHead
 from castore.errors import CastoreError
 from castore.format import codec
 from castore.format.effects import Action, NextAction, effect_action, when_text
+from castore.format.model import attrs
 from castore.format.records import TransitionKind
 
 

@@ -12,12 +12,11 @@ from collections import deque
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
-import attrs
-
 from castore.chain.objects import ObjectStore
 from castore.errors import EncodingError
 from castore.format import codec
 from castore.format.layout import validate_object_id
+from castore.format.model import attrs
 from castore.format.records import BlobRef
 
 # The header version of raw and tree objects: a v1 reader refuses them as a later format's

@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import attrs
-
 from castore.chain.objects import ObjectStore
 from castore.chain.outcomes import Outcome, Outcomes, PackRef, outcome_of
 from castore.chain.packwalk import verify_sealed
@@ -29,6 +27,7 @@ from castore.format.links import check_anchor
 from castore.format.links import check_history as _check_history
 from castore.format.links import check_link as _check_link
 from castore.format.links import decode_snapshot as _decode_snapshot
+from castore.format.model import attrs
 from castore.format.records import Plan, Sealed, Snapshot
 
 

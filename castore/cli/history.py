@@ -8,8 +8,6 @@ intact snapshot of this task at its place is shown, and every other one says wha
 
 from __future__ import annotations
 
-import attrs
-
 from castore.chain.refs import TaskSlots
 from castore.chain.verify import decode_snapshot
 from castore.errors import (
@@ -22,6 +20,7 @@ from castore.errors import (
 from castore.format import codec
 from castore.format.digest import hash_bytes
 from castore.format.layout import MAX_SEQ, display_name
+from castore.format.model import attrs
 from castore.format.records import Snapshot
 from castore.run.forget import tombstone_head
 from castore.store import Store

@@ -16,13 +16,13 @@ import typing
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import attrs
 import cattrs
 from cattrs.gen import make_dict_unstructure_fn, override
 
 from castore.errors import EncodingError, FormatVersionError, ObjectTooLargeError
 from castore.format import limits
 from castore.format.fastdecode import decode_canonical_value, too_deep
+from castore.format.model import attrs
 from castore.format.records import EffectState, TransitionKind, omitted_fields
 
 # The version a new store's marker names. An object's header names the lowest version whose

@@ -12,9 +12,8 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 
-import attrs
-
 from castore.errors import IllegalTransitionError, UsageError
+from castore.format.model import attrs
 from castore.format.records import EffectRecord, EffectState
 
 _S = EffectState

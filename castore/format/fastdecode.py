@@ -29,10 +29,10 @@ import typing
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
-import attrs
 import msgspec
 
 from castore.format.limits import MAX_DEPTH
+from castore.format.model import attrs
 from castore.format.records import omitted_fields
 
 T = TypeVar("T")

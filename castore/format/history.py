@@ -9,10 +9,9 @@ Nothing follows a tombstone (a `forget` transition).
 
 from __future__ import annotations
 
-import attrs
-
 from castore.format.effects import ALLOWED
 from castore.format.growth import growth_changes
+from castore.format.model import attrs
 from castore.format.records import EffectRecord, EffectState, Snapshot, Transition, TransitionKind
 
 _MOVES_AN_EFFECT = (TransitionKind.EFFECT, TransitionKind.RESOLVE)

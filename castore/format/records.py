@@ -10,7 +10,7 @@ import enum
 import functools
 from typing import Any
 
-import attrs
+from castore.format.model import attrs
 
 
 class EffectState(enum.StrEnum):

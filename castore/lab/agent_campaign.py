@@ -15,10 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import attrs
-
 import castore
 from castore.chain.outcomes import Outcome
+from castore.format.model import attrs
 from castore.lab import agent, agent_judge, worker
 from castore.lab.agent_judge import Attempt
 from castore.lab.campaign import finish, resolve_from_ledger, spawn, wait_ready

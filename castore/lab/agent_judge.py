@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-import attrs
+from castore.format.model import attrs
 
 
 @attrs.frozen

@@ -17,10 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-import attrs
-
 import castore
 from castore.crashpoints import ENV_VAR, POINTS
+from castore.format.model import attrs
 from castore.lab import worker
 from castore.lab.service import ServiceProcess, read_ledger, start_service
 

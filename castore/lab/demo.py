@@ -10,10 +10,9 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-import attrs
-
 import castore
 from castore.crashpoints import ENV_VAR
+from castore.format.model import attrs
 from castore.lab import worker
 from castore.lab.campaign import worker_command
 from castore.lab.service import applied_counts, start_service

@@ -21,9 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import attrs
-
 from castore.crashpoints import ENV_VAR
+from castore.format.model import attrs
 from castore.lab.campaign import WORKER_TIMEOUT_S
 from castore.lab.service import ServiceProcess, read_ledger, start_service
 from castore.langgraph import agentlab

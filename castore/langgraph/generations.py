@@ -19,10 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-import attrs
-
 from castore.chain.verify import VerifiedHead
 from castore.errors import ChainError, TaskForgottenError
+from castore.format.model import attrs
 from castore.langgraph import names
 from castore.langgraph.threadlog import ThreadLog
 from castore.run.forget import tombstone_head

@@ -18,10 +18,9 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
-import attrs
-
 from castore.chain.trees import RawRef, TreeRef, raw_bytes
 from castore.format.digest import hash_bytes
+from castore.format.model import attrs
 from castore.langgraph.deps import SerializerProtocol
 from castore.store import Store
 

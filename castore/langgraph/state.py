@@ -21,11 +21,10 @@ import base64
 from collections.abc import Collection
 from typing import Any
 
-import attrs
-
 from castore import crashpoints
 from castore.chain.trees import TreeRef
 from castore.errors import ConflictError, TaskExistsError
+from castore.format.model import attrs
 from castore.langgraph import generations, names
 from castore.langgraph.deps import WRITES_IDX_MAP
 from castore.langgraph.parts import ListInfo, Parts

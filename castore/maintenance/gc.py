@@ -45,8 +45,6 @@ import posixpath
 import time
 from collections.abc import Iterator
 
-import attrs
-
 from castore import crashpoints
 from castore.errors import CastoreError, StoreIOError, UsageError
 from castore.format import codec
@@ -58,6 +56,7 @@ from castore.format.layout import (
     parse_temp_name,
     temp_name,
 )
+from castore.format.model import attrs
 from castore.maintenance import reclaim, retention
 from castore.maintenance.reach import GcReport, Reachable, listed
 from castore.medium import oserrors

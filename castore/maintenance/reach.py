@@ -6,8 +6,6 @@ names they gave back).
 
 from __future__ import annotations
 
-import attrs
-
 from castore.chain import references
 from castore.chain.objects import ObjectStore
 from castore.chain.sealmark import TaskMarks
@@ -23,6 +21,7 @@ from castore.format.layout import (
     object_relpath,
     parse_slot_name,
 )
+from castore.format.model import attrs
 from castore.medium.base import Medium
 
 

@@ -9,10 +9,9 @@ dated in the future is never old. Off unless asked for.
 
 from __future__ import annotations
 
-import attrs
-
 from castore.errors import ConflictError, UsageError
 from castore.format.effects import CLOCK_TOLERANCE_MS
+from castore.format.model import attrs
 from castore.run.resolution import default_actor
 from castore.store import Store
 

@@ -19,12 +19,11 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import attrs
-
 from castore import crashpoints
 from castore.errors import CastoreError, ConflictError, TaskBusyError, TaskForgottenError
 from castore.format.layout import MARKER_KEY
 from castore.format.marker import marker_bytes
+from castore.format.model import attrs
 from castore.maintenance.fsck import Finding, Severity, Summary, check_store
 from castore.medium.base import Medium
 from castore.store import Store

@@ -29,9 +29,8 @@ import abc
 import contextlib
 from collections.abc import Callable, Iterator
 
-import attrs
-
 from castore.format.limits import MAX_OBJECT_SIZE
+from castore.format.model import attrs
 from castore.medium.tasklock import TaskLock
 
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import os
 import re
 
-import attrs
-
 from castore.errors import UsageError
+from castore.format.model import attrs
 from castore.medium import fsio, mountinfo
 
 ENV = "CASTORE_FLUSH"

@@ -15,8 +15,6 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-import attrs
-
 from castore.chain import briefview
 from castore.chain.briefview import TaskView
 from castore.chain.outcomes import Outcome
@@ -25,6 +23,7 @@ from castore.chain.verify import VerifiedChain, VerifiedHead
 from castore.errors import UsageError
 from castore.format import codec, guard
 from castore.format.effects import NextAction, effect_action, span, when_text
+from castore.format.model import attrs
 from castore.format.plans import head_digest
 from castore.format.records import EffectRecord, EffectState, TransitionKind
 from castore.run.contract import RunView

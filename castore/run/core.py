@@ -10,8 +10,6 @@ import socket
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
-import attrs
-
 from castore.chain.objects import ObjectStore
 from castore.chain.outcomes import Outcome
 from castore.chain.refs import TaskSlots
@@ -28,6 +26,7 @@ from castore.errors import (
 from castore.format.digest import hash_bytes
 from castore.format.effects import ChainClock
 from castore.format.links import decode_snapshot
+from castore.format.model import attrs
 from castore.format.plans import head_digest
 from castore.format.records import (
     EffectRecord,

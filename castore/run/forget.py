@@ -12,8 +12,6 @@ import os
 import secrets
 import socket
 
-import attrs
-
 from castore.chain.objects import ObjectStore
 from castore.chain.refs import TaskSlots
 from castore.chain.verify import VerifiedHead, verify_head
@@ -27,6 +25,7 @@ from castore.errors import (
 )
 from castore.format import codec
 from castore.format.effects import when_text
+from castore.format.model import attrs
 from castore.format.records import EffectState, Snapshot, Transition, TransitionKind, Writer
 from castore.run.settings import RunSettings, encode_snapshot
 

@@ -22,8 +22,6 @@ import socket
 from collections.abc import Iterator
 from typing import Any
 
-import attrs
-
 from castore.chain.objects import ObjectStore
 from castore.chain.outcomes import Outcome, outcome_of
 from castore.chain.packwalk import read_pack
@@ -41,6 +39,7 @@ from castore.errors import (
 )
 from castore.format import codec
 from castore.format.layout import validate_object_id
+from castore.format.model import attrs
 from castore.format.records import (
     EffectRecord,
     EffectState,

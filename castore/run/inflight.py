@@ -33,9 +33,8 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
-import attrs
-
 from castore.errors import StepInFlightError
+from castore.format.model import attrs
 from castore.format.records import EffectRecord, EffectState, Snapshot, TransitionKind, Writer
 from castore.run.contract import RunView
 

@@ -21,12 +21,11 @@ import inspect
 from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any
 
-import attrs
-
 from castore.chain.trees import RawRef, TreeRef, raw_bytes
 from castore.errors import EncodingError, ReplayDriftError, SecretInPayloadError, UsageError
 from castore.format import codec, guard
 from castore.format.digest import hash_bytes
+from castore.format.model import attrs
 from castore.format.records import BlobRef
 from castore.run import inflight, protocol
 from castore.run.contract import Position, RunView

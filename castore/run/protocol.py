@@ -12,8 +12,6 @@ import contextlib
 from collections.abc import Callable, Generator, Iterator
 from typing import Any, TypeVar, cast
 
-import attrs
-
 from castore import crashpoints
 from castore.chain.outcomes import Outcome
 from castore.errors import EffectNotReadyError, OutcomeUnknownError, UsageError
@@ -29,6 +27,7 @@ from castore.format.effects import (
     submitted_record,
     unknown,
 )
+from castore.format.model import attrs
 from castore.format.records import EffectRecord, EffectState, Transition, TransitionKind
 from castore.run import gate, inflight
 from castore.run.contract import Position, RunView

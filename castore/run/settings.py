@@ -9,10 +9,9 @@ import socket
 import time
 from collections.abc import Callable, Collection
 
-import attrs
-
 from castore.format import codec, guard
 from castore.format.digest import hash_chunks
+from castore.format.model import attrs
 from castore.format.records import (
     EffectRecord,
     EffectState,

@@ -10,10 +10,9 @@ import json
 import shlex
 from typing import Any, Literal
 
-import attrs
-
 from castore.chain.verify import VerifiedHead
 from castore.format.effects import effect_action
+from castore.format.model import attrs
 from castore.format.records import EffectRecord, EffectState
 
 __all__ = [

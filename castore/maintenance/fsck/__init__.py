@@ -19,8 +19,6 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 
-import attrs
-
 from castore.errors import StoreNotFoundError, UsageError
 from castore.format.layout import (
     TASKS_DIR,
@@ -29,6 +27,7 @@ from castore.format.layout import (
     encode_task_id,
     object_relpath,
 )
+from castore.format.model import attrs
 from castore.maintenance.fsck.coverage import Coverage
 from castore.maintenance.fsck.findings import CODES, Finding, Severity
 from castore.maintenance.fsck.objects import ObjectReport

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-import attrs
+from castore.format.model import attrs
 
 
 class Severity(enum.StrEnum):

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import attrs
-
 from castore.chain import references
 from castore.chain.trees import MAX_TREE_DEPTH, PART_KINDS, Tree
 from castore.format.layout import OBJECTS_DIR, is_object_name, object_relpath
+from castore.format.model import attrs
 from castore.format.records import Plan
 from castore.maintenance.fsck.findings import Finding
 from castore.maintenance.fsck.objects import ObjectReport, check_named

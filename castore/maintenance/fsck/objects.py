@@ -6,14 +6,13 @@ import errno
 import json
 from typing import Any
 
-import attrs
-
 from castore.chain.trees import Tree
 from castore.errors import CastoreError, FormatVersionError, UnsafeFileError
 from castore.format import codec
 from castore.format.digest import hash_bytes
 from castore.format.fastdecode import decode_canonical, decode_canonical_value, too_deep
 from castore.format.layout import is_object_name, object_relpath
+from castore.format.model import attrs
 from castore.format.plans import validate_plan
 from castore.format.records import Plan, Snapshot
 from castore.maintenance.fsck.findings import Finding

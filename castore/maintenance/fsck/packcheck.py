@@ -4,12 +4,11 @@ snapshot inside: each link, the index, the plans and refs the header lists. Read
 
 from __future__ import annotations
 
-import attrs
-
 from castore.chain import packs
 from castore.errors import ChainError, ObjectCorruptError
 from castore.format.digest import hash_bytes
 from castore.format.links import decode_snapshot
+from castore.format.model import attrs
 from castore.format.records import Snapshot
 
 PACK_PREFIX = b"castore 2 pack "

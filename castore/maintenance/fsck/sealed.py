@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from typing import Protocol
 
-import attrs
-
 from castore.chain import sealmark
 from castore.chain.references import FORGET
 from castore.chain.sealmark import Mark
@@ -22,6 +20,7 @@ from castore.format.layout import (
     slot_name,
 )
 from castore.format.links import check_anchor, check_history, check_link, decode_snapshot
+from castore.format.model import attrs
 from castore.format.records import Sealed, Snapshot
 from castore.maintenance.fsck.named import NamedObjects
 from castore.maintenance.fsck.packcheck import PackFacts

@@ -6,8 +6,6 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-import attrs
-
 from castore.chain.sealmark import Mark, newer
 from castore.chain.trees import PART_KINDS
 from castore.errors import CastoreError
@@ -26,6 +24,7 @@ from castore.format.layout import (
     parse_temp_name,
     slot_name,
 )
+from castore.format.model import attrs
 from castore.format.records import Snapshot
 from castore.maintenance.fsck.findings import Finding, Severity
 from castore.maintenance.fsck.linkrules import (

@@ -7,8 +7,6 @@ import re
 import time
 from collections.abc import Iterator
 
-import attrs
-
 from castore.format.layout import (
     MARKER_NAME,
     OBJECTS_DIR,
@@ -17,6 +15,7 @@ from castore.format.layout import (
     is_object_name,
     parse_temp_name,
 )
+from castore.format.model import attrs
 from castore.maintenance.fsck.findings import Finding
 from castore.medium.base import Medium
 

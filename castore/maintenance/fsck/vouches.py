@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import attrs
-
+from castore.format.model import attrs
 from castore.format.records import Snapshot
 
 

@@ -10,8 +10,7 @@ from collections.abc import Iterator
 from itertools import islice
 from typing import Any
 
-import attrs
-
+from castore.format.model import attrs
 from castore.maintenance.fsck.findings import Finding
 from castore.maintenance.fsck.forked import ForkedMap
 from castore.maintenance.fsck.named import NamedObjects
