@@ -294,7 +294,9 @@ class Store(Reading):
     @property
     def _seal_every(self) -> int | None:
         """How often runs seal: format v2 only (a v1 store gets nothing v1 cannot read)."""
-        return SEAL_EVERY if self._sealing else None
+        if not self._sealing:
+            return None
+        return min(SEAL_EVERY, self.medium.seal_every or SEAL_EVERY)
 
     def forget(
         self,

@@ -36,6 +36,10 @@ _INTERNAL = (
     b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>InternalError</Code>'
     b"<Message>We encountered an internal error.</Message></Error>"
 )
+_CONFLICT = (  # AWS: another conditional write of the key is in flight
+    b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>ConditionalRequestConflict</Code>'
+    b"<Message>A conflicting operation occurred.</Message></Error>"
+)
 
 
 @dataclass
@@ -183,8 +187,8 @@ def _without(head: bytes, names: tuple[str, ...]) -> bytes:
 
 
 def _answer(client: socket.socket, status: int) -> None:
-    body = _SLOWDOWN if status == 503 else _INTERNAL
-    reason = {503: "Slow Down", 500: "Internal Server Error"}.get(status, "Error")
+    body = {503: _SLOWDOWN, 409: _CONFLICT}.get(status, _INTERNAL)
+    reason = {503: "Slow Down", 500: "Internal Server Error", 409: "Conflict"}.get(status, "Error")
     client.sendall(
         f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/xml\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()

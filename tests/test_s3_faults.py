@@ -77,11 +77,12 @@ def test_a_request_reset_before_the_server_had_it_is_sent_again(
     assert 2 == castore.Store.open(url).verify(TASK).length
 
 
-@pytest.mark.parametrize("status", [503, 500])
+@pytest.mark.parametrize("status", [503, 500, 409])
 def test_throttling_and_server_errors_are_retried_with_backoff(
     s3: S3Endpoint, proxy: FaultProxy, status: int
 ) -> None:
-    """503 SlowDown and 500 are retried (with backoff) until the commit is made, once."""
+    """503 SlowDown, 500 and 409 ConditionalRequestConflict (AWS: a conditional write of the
+    key in flight) are retried (with backoff) until the commit is made, once."""
     url = started(s3)
     store = through(s3, proxy, url)
     proxy.arm(Fault("status", path=SLOT_1, times=3, status=status))

@@ -193,3 +193,31 @@ def test_watch_on_s3_alerts_when_its_listing_fails_and_recovers(
         assert "listing" in down.message
         alerts.wait("observer", "cleared", timeout=90)
     assert isinstance(S3Medium.from_url(url), S3Medium)
+
+
+def test_a_resume_on_s3_reads_a_short_tail_not_every_step(s3: S3Endpoint) -> None:
+    """On S3 runs seal every S3Medium.seal_every commits (a resume GETs each slot above the
+    sealed mark, one round trip each): resuming a 300-step task takes about that many requests
+    plus some 20, not one per step."""
+    url = s3.new_bucket()
+    store = castore.Store.init(url)
+    steps = 300
+    plan = castore.Plan.build("long", *(f"s{i}" for i in range(steps)))
+    with store.start("t", plan, lock_timeout=None) as run:
+        for i in range(steps):
+            run.commit_step(f"s{i}", i)
+    every = S3Medium.seal_every
+    assert every is not None
+    reopened = castore.Store.open(url)
+    medium = reopened.medium
+    assert isinstance(medium, S3Medium)
+    mark = reopened._slots("t").mark()
+    assert mark is not None
+    # The closing run's last seal may still be behind: at most one more tail's worth.
+    assert steps - mark.through <= 2 * every
+    before = medium.client.requests
+    with reopened.resume("t", plan, lock_timeout=None) as run:
+        head = run.head.seq  # the last step's, or a seal's anchor after it
+    assert head >= steps
+    # The rest: the marker, the mark, its pack, the plan and a HEAD search of ~log2(n) HEADs.
+    assert medium.client.requests - before <= head - mark.through + 32 < steps

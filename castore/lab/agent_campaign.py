@@ -58,6 +58,7 @@ class AgentSettings:
     fault_share: float = 0.1
     latency_ms: float = 2.0
     pay_first: bool = False  # a broken agent, to show the judge catching re-billed calls
+    store: str | None = None  # where the agents commit (an s3:// URL); None: workdir/store
 
 
 @attrs.define
@@ -110,8 +111,8 @@ class Lab:
     expected: list[dict[str, Any]] = attrs.field(factory=list)  # the reference answers
 
     @property
-    def store_path(self) -> Path:
-        return self.workdir / "store"
+    def store_path(self) -> Path | str:
+        return self.settings.store or self.workdir / "store"
 
     @property
     def model_log(self) -> Path:
@@ -273,10 +274,10 @@ def run_campaign(workdir: Path, runs: int, settings: AgentSettings, say: Say | N
     (files under `workdir`, the attempts) for a second look."""
     rng = random.Random(settings.seed)  # noqa: S311 - a reproducible kill schedule
     workdir.mkdir(parents=True, exist_ok=True)
-    castore.Store.open(workdir / "store", create=True)
     started = time.monotonic()
     with start_service(workdir / f"ledger-{settings.mode}.jsonl", settings.mode) as svc:
         lab = Lab(workdir, settings, svc, rng, AgentTally())
+        castore.Store.open(lab.store_path, create=True)
         for index in range(runs):
             answer, took = reference(lab, index)
             lab.expected.append(answer)

@@ -69,6 +69,10 @@ class Medium(abc.ABC):
     #: directories are names of their own, made and kept apart from the files in them; False
     #: where a "directory" is a key prefix, present only while some key is under it
     directories: bool = True
+    #: how many commits a run makes between seals, where the medium wants fewer than the
+    #: format's most (None: SEAL_EVERY). A resume reads every slot above the sealed mark, one
+    #: request each where a read is a round trip (S3): a short tail keeps it a few reads.
+    seal_every: int | None = None
     #: names at the top of a store that the medium keeps for itself (not the format's)
     private_names: frozenset[str] = frozenset()
 

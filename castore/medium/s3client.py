@@ -74,7 +74,10 @@ def _retried(error: BaseException) -> bool:
         return True
     if isinstance(error, botocore.exceptions.ClientError):
         status = status_of(error)
-        return status >= 500 or status == 429 or code_of(error) in _RETRIED_CODES
+        # 409 ConditionalRequestConflict (AWS): another conditional write of the key was in
+        # flight; the repeat gets 200 or 412, which `Exists` resolves as after any retry.
+        conflict = status == 409 and code_of(error) == "ConditionalRequestConflict"
+        return status >= 500 or status == 429 or conflict or code_of(error) in _RETRIED_CODES
     return False
 
 
