@@ -20,8 +20,10 @@ runs every part once, in the same order; a key is the median over rounds, and th
   agents          --agents threads of one process, each committing --agent-commits steps to
                   its own task: s3_agents16_commits_per_s
   cost            s3_cost_per_1k_steps_usd: the requests of 1,000 plain steps at AWS S3
-                  Standard list prices in us-east-1 (PUT $0.005 and GET $0.0004 per 1,000, as
-                  published in 2024; check yours), storage left out (a slot is ~600 B)
+                  Standard list prices in us-east-1, every request counted at the PUT price
+                  ($0.005 per 1,000, as published in 2024; a GET costs $0.0004): an upper
+                  bound, since the sealer's reads (in the request count) are GETs; storage
+                  left out (a slot is ~600 B)
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ import castore
 import castore.store
 from castore.medium.s3 import S3Medium
 
-PUT_USD, GET_USD = 0.005 / 1000, 0.0004 / 1000
+PUT_USD = 0.005 / 1000
 SNAPSHOT_BYTES = 600
 
 
