@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from _pytest.nodeid import NodeId  # pytest 9.2's structured node id (GroupIds)
 from cephfs import mount_ceph_pair
 from glusterfs import mount_gluster_pair
 from helpers import Entry, tree_snapshot
@@ -71,8 +72,9 @@ ENGINES: dict[str, Callable[[Path], contextlib.AbstractContextManager[TwoMounts]
 def two_mounts(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[TwoMounts]:
-    """Two clients of one directory, on each engine in turn (one engine up at a time: pytest
-    groups the tests by engine and stops one before it starts the next). Skips when the
+    """Two clients of one directory, on each engine in turn (an engine's tests run on one
+    xdist worker, `xdist_group` below, which stops one engine before it starts its next;
+    the other worker may have another engine up meanwhile). Skips when the
     engine's packages or FUSE are missing, except under CI, where that fails; an engine that
     is installed but does not come up is an error everywhere."""
     engine: str = request.param
@@ -134,8 +136,67 @@ settings.register_profile("deep", max_examples=2000, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+# The xdist group of a test that uses a server fixture, by its engine: the group runs on one
+# worker, which starts the engine once, and no two workers fight over one port or daemon
+# (both Gluster engines share glusterd's fixed port 24007, hence one group).
+ENGINE_GROUPS = {
+    "sshfs": "sshfs",
+    "gluster-nocache": "glusterfs",
+    "gluster-default": "glusterfs",
+    "cephfs": "cephfs",
+    "moto": "moto",
+    "rgw": "rgw",
+}
+
+
+def xdist_group(item: pytest.Item) -> str | None:
+    """The group `item` must run in under pytest-xdist (addopts: -n 2 --dist loadgroup), or
+    None: anywhere. A test module's own module-scoped fixture (a power-loss exploration, a
+    template store) is also built once, by keeping that module's users on one worker."""
+    callspec = getattr(item, "callspec", None)
+    params = callspec.params if callspec is not None else {}
+    for fixture in ("two_mounts", "s3_endpoint"):
+        if fixture in params:
+            return ENGINE_GROUPS[params[fixture]]
+    if "sshfs_pair" in item.fixturenames:
+        return "sshfs"
+    info = getattr(item, "_fixtureinfo", None)
+    for defs in info.name2fixturedefs.values() if info is not None else ():
+        if defs[-1].scope == "module" and defs[-1].baseid:  # a baseid: not a plugin's
+            return f"module:{item.nodeid.split('::')[0]}"
+    return None
+
+
+class GroupIds:
+    """What pytest-xdist 3.8's loadgroup does to a grouped test's id (`<id>@<group>`, the
+    scheduler's unit), for pytest 9.2, whose Node.nodeid no longer reads the `_nodeid` that
+    xdist sets: without it every test is its own unit and two workers start one engine."""
+
+    @pytest.hookimpl(trylast=True)  # after xdist's own attempt
+    def pytest_collection_modifyitems(
+        self, config: pytest.Config, items: list[pytest.Item]
+    ) -> None:
+        if not getattr(config.option, "loadgroup", False):  # set on an xdist worker
+            return
+        for item in items:
+            mark = item.get_closest_marker("xdist_group")
+            suffix = f"@{mark.args[0]}" if mark is not None else ""
+            if suffix and not item.nodeid.endswith(suffix):
+                item._id = NodeId.parse(item.nodeid + suffix)  # type: ignore[attr-defined]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(GroupIds(), "castore-group-ids")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip tests marked `slow` unless the -m expression asks for them (as the marker says)."""
+    """Put each test in its xdist group; skip tests marked `slow` unless the -m expression
+    asks for them (as the marker says)."""
+    for item in items:
+        group = xdist_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
     if "slow" in (config.option.markexpr or ""):
         return
     skip = pytest.mark.skip(reason="slow campaign: run with -m slow")
