@@ -42,7 +42,7 @@ from castore.medium.base import Medium
 from castore.medium.posix import PosixMedium
 from castore.medium.select import open_medium
 from castore.medium.tasklock import TaskLock
-from castore.run import brief, forget, fork, gate, resolution
+from castore.run import brief, budget, forget, fork, gate, resolution
 from castore.run.forget import Forgotten
 from castore.run.fork import Forked
 from castore.run.reading import Reading
@@ -249,7 +249,7 @@ class Store(Reading):
         self,
         task_id: str,
         *,
-        budget_tokens: int = brief.DEFAULT_BUDGET,
+        budget_tokens: int = budget.DEFAULT_BUDGET,
         now_ms: int | None = None,
         verify: bool = False,
     ) -> brief.Brief:

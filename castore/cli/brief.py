@@ -6,19 +6,18 @@ from __future__ import annotations
 import argparse
 
 from castore.cli.common import EXIT_OK, emit_json, open_store
-from castore.run import brief
-from castore.run.settings import wall_clock_ms
+from castore.run.budget import DEFAULT_BUDGET, MIN_BUDGET, TOKEN_RULE
 
 
 def budget(text: str) -> int:
-    """A token budget: a whole number of at least brief.MIN_BUDGET."""
+    """A token budget: a whole number of at least MIN_BUDGET."""
     try:
         tokens = int(text)
     except ValueError:
         tokens = 0
-    if tokens < brief.MIN_BUDGET:
+    if tokens < MIN_BUDGET:
         raise argparse.ArgumentTypeError(
-            f"{text!r}: a budget is a whole number of tokens, at least {brief.MIN_BUDGET}"
+            f"{text!r}: a budget is a whole number of tokens, at least {MIN_BUDGET}"
         )
     return tokens
 
@@ -26,6 +25,8 @@ def budget(text: str) -> int:
 def now(text: str) -> int:
     """`wall` (this host's clock, read once) or milliseconds since the epoch."""
     if text == "wall":
+        from castore.run.settings import wall_clock_ms  # noqa: PLC0415 - heavy; --help is not
+
         return wall_clock_ms()
     if text.isascii() and text.isdigit() and len(text) <= 16:
         return int(text)
@@ -53,10 +54,10 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.add_argument(
         "--budget",
         type=budget,
-        default=brief.DEFAULT_BUDGET,
+        default=DEFAULT_BUDGET,
         metavar="TOKENS",
-        help=f"at most this many tokens, estimated as {brief.TOKEN_RULE} "
-        f"(default {brief.DEFAULT_BUDGET}, at least {brief.MIN_BUDGET})",
+        help=f"at most this many tokens, estimated as {TOKEN_RULE} "
+        f"(default {DEFAULT_BUDGET}, at least {MIN_BUDGET})",
     )
     parser.add_argument(
         "--now",

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING
 
 from castore.cli.common import EXIT_FINDINGS, EXIT_OK, add_path_argument, emit_json, store_path
 from castore.errors import UsageError
-from castore.medium.select import S3_SCHEME
 
 S3_ROUNDS = 1000  # castore.doctor.s3.ROUNDS (not imported: --help must not load boto3)
 
@@ -18,6 +17,8 @@ if TYPE_CHECKING:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    from castore.medium.select import S3_SCHEME  # noqa: PLC0415 - the medium is not --help's
+
     target = store_path(args)
     if target.startswith(S3_SCHEME):
         if args.peer:

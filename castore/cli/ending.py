@@ -6,10 +6,11 @@ from __future__ import annotations
 import argparse
 
 from castore.cli.common import EXIT_OK, emit_json, open_store
-from castore.run.resolution import default_actor
 
 
 def cmd_forget(args: argparse.Namespace) -> int:
+    from castore.run.resolution import default_actor  # noqa: PLC0415 - heavy; --help is not
+
     store = open_store(args)
     done = store.forget(
         args.task, who=args.who or default_actor(), why=args.why, force_in_flight=args.force

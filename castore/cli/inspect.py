@@ -6,11 +6,9 @@ import argparse
 import json
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from castore.chain.refs import TaskSlots
-from castore.chain.snapshotread import read_snapshot
-from castore.cli import history, lookup, threads
+from castore.cli import lookup, threads
 from castore.cli.common import (
     EXIT_INTEGRITY,
     EXIT_OK,
@@ -19,10 +17,12 @@ from castore.cli.common import (
     positive_int,
 )
 from castore.errors import ChainError, ObjectMissingError, UsageError
-from castore.format import codec
 from castore.format.layout import display_name, slot_key, validate_object_id
-from castore.format.records import Snapshot
-from castore.store import Store
+
+if TYPE_CHECKING:
+    from castore.cli import history
+    from castore.format.records import Snapshot
+    from castore.store import Store
 
 
 def _transition_text(snapshot: Snapshot) -> str:
@@ -75,6 +75,8 @@ def _log_tasks(store: Store, args: argparse.Namespace) -> list[str]:
 
 
 def _log_task(store: Store, task: str, args: argparse.Namespace) -> int:
+    from castore.cli import history  # noqa: PLC0415 - loaded by the verbs that read
+
     try:
         slots = [
             history.Slot(s.seq, store.medium.where(slot_key(task, s.seq)), i, s)
@@ -107,6 +109,8 @@ def _log_task(store: Store, task: str, args: argparse.Namespace) -> int:
 
 
 def _slot_json(slot: history.Slot) -> tuple[str, dict[str, Any]]:
+    from castore.format import codec  # noqa: PLC0415
+
     if slot.snapshot is not None:
         return "snapshot", {"id": slot.object_id, **codec.to_builtins(slot.snapshot)}
     damaged = {"seq": slot.seq, "id": slot.object_id, "path": slot.path, "problem": slot.problem}
@@ -117,6 +121,8 @@ def _resolve_ref(store: Store, ref: str) -> str:
     """An object id from `ID`, a unique prefix of one, or `TASK@SEQ` (a snapshot by its
     place in a task's chain)."""
     if "@" in ref and not ref.startswith("@"):
+        from castore.cli import history  # noqa: PLC0415
+
         task, _, seq = ref.rpartition("@")
         if not (seq.isascii() and seq.isdigit()):  # isdigit alone takes '³', which int() refuses
             raise UsageError(f"{ref!r}: after '@' comes a sequence number, as in invoice/42@3")
@@ -130,6 +136,8 @@ def _resolve_ref(store: Store, ref: str) -> str:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    from castore.format import codec  # noqa: PLC0415
+
     store = open_store(args)
     object_id = _resolve_ref(store, args.id)
     data = _slot_bytes(store, args.id, object_id)
@@ -156,6 +164,9 @@ def _slot_bytes(store: Store, ref: str, object_id: str) -> bytes | None:
     snapshot name"): its bytes from the slot, verified against the id; else None."""
     if "@" not in ref or store.objects.exists(object_id):
         return None
+    from castore.chain.refs import TaskSlots  # noqa: PLC0415
+    from castore.chain.snapshotread import read_snapshot  # noqa: PLC0415
+
     task, _, seq = ref.rpartition("@")
     try:
         return read_snapshot(

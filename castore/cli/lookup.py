@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 from castore.errors import UsageError
 from castore.format.layout import OBJECTS_DIR, display_name, fanout_key, is_object_name
-from castore.store import Store
+
+if TYPE_CHECKING:
+    from castore.store import Store
 
 # Fewer digits than this would match many objects in any real store, so they are refused
 # rather than answered with a long list of candidates.

@@ -23,7 +23,6 @@ from castore.cli.common import (
     store_path,
 )
 from castore.format import layout
-from castore.medium import oserrors
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -148,6 +147,8 @@ def cli_message(error: errors.CastoreError, args: argparse.Namespace) -> str:
 
 def os_error_text(exc: OSError) -> str:
     """One line for an OSError that no castore code translated: the path and the reason."""
+    from castore.medium import oserrors  # noqa: PLC0415 - only on an error; --help is not one
+
     path = os.fsdecode(exc.filename) if exc.filename is not None else "a file"
     return str(oserrors.io_error(path, "accessing", exc))
 

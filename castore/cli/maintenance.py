@@ -17,8 +17,7 @@ from castore.cli.common import (
     store_path,
 )
 from castore.format.layout import display_name
-from castore.maintenance.gc import DEFAULT_GRACE_S, collect
-from castore.store import Store
+from castore.maintenance.grace import DEFAULT_GRACE_S
 
 if TYPE_CHECKING:
     from castore.maintenance.fsck import Finding
@@ -40,6 +39,7 @@ def cmd_fsck(args: argparse.Namespace) -> int:
     # Imported here: the checker is most of what `castore` would load for every verb.
     from castore.maintenance.fsck import Summary, check_store  # noqa: PLC0415
     from castore.maintenance.fsck.quarantine import quarantine  # noqa: PLC0415
+    from castore.store import Store  # noqa: PLC0415
 
     summary = Summary()
     progress = _progress if sys.stderr.isatty() and not args.json else None
@@ -92,6 +92,8 @@ def finding_line(finding: Finding) -> str:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
+    from castore.maintenance.gc import collect  # noqa: PLC0415 - as fsck's, for --help's sake
+
     report = collect(
         store_path(args),
         grace_s=args.grace,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+from typing import TYPE_CHECKING
 
-from castore.chain.status import TaskStatus
 from castore.cli import threads
 from castore.cli.common import (
     EXIT_INTEGRITY,
@@ -16,7 +16,10 @@ from castore.cli.common import (
 )
 from castore.errors import UsageError
 from castore.format.layout import display_name, encode_task_id
-from castore.store import Store
+
+if TYPE_CHECKING:
+    from castore.chain.status import TaskStatus
+    from castore.store import Store
 
 _GLOB_CHARS = frozenset("*?[")
 

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING
 from castore.cli.common import EXIT_OK, add_path_argument, parse_duration, store_path
 from castore.errors import UsageError
 from castore.format.layout import display_name
-from castore.watch.alerts import span
 
 if TYPE_CHECKING:
     from castore.watch.alerts import Alert
@@ -166,6 +165,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     # Imported here, not at the top: only this verb needs watchdog, and every verb module
     # is imported whenever the parser is built.
     from castore.watch import Watcher  # noqa: PLC0415
+    from castore.watch.alerts import span  # noqa: PLC0415
 
     argv = _hook_argv(args.exec)
     stop = threading.Event()

@@ -165,14 +165,18 @@ def _plain(value: object) -> bool:
     return True
 
 
+# json.dumps with these options builds this same encoder anew at every call: built once.
+_ENCODER = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
+
+
 def encode_value(value: object) -> bytes:
     """Canonical bytes of `value`: compact JSON, keys sorted by code point, UTF-8; at most
     MAX_DEPTH lists and dicts deep."""
     if _plain(value):
         try:
-            data = json.dumps(
-                value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-            ).encode("utf-8")
+            data = _ENCODER.encode(value).encode("utf-8")
         except (ValueError, UnicodeEncodeError, RecursionError):
             pass  # NaN, infinity, a lone surrogate, deep nesting: the walks below name it
         else:

@@ -182,8 +182,12 @@ def _is_basic_credentials(encoded: str) -> bool:
         return False
 
 
-# Field names repeat from one commit to the next: each is judged once.
+# Field names repeat from one commit to the next: each is judged once. So do short values (a
+# step's effect records ride along in every snapshot until confirmed): judged once each, up to
+# a bound on what the memo holds (4,096 texts of at most 256 characters: ~1 MB).
 _key_shape = functools.lru_cache(maxsize=4096)(secret_value)
+_REMEMBERED = 256
+_value_shape = functools.lru_cache(maxsize=4096)(secret_value)
 
 
 def _holds_nothing(value: Any) -> bool:
@@ -203,21 +207,26 @@ def refuse_secrets(value: Any, allow: Collection[str] = (), path: str = "$") -> 
     """
     if isinstance(value, dict):
         for key, item in value.items():
-            child = f"{path}.{key}"
-            if key in allow or child in allow or not isinstance(key, str):
+            if not isinstance(key, str):
                 continue  # a non-str key is refused by the encoder
+            if allow and (key in allow or f"{path}.{key}" in allow):
+                continue
             label = _key_shape(key)
             if label is not None:
                 where = f"{path}.{key[:4]}…"
                 raise SecretInPayloadError(where, f"the field name looks like {label}")
             if secret_name(key) and not _holds_nothing(item):
-                raise SecretInPayloadError(child, f"field name {key!r} names a credential")
-            refuse_secrets(item, allow, child)
+                raise SecretInPayloadError(
+                    f"{path}.{key}", f"field name {key!r} names a credential"
+                )
+            if item is not None and not isinstance(item, int | float):  # a number holds none
+                refuse_secrets(item, allow, f"{path}.{key}")
     elif isinstance(value, list | tuple):
         for index, item in enumerate(value):
             refuse_secrets(item, allow, f"{path}[{index}]")
     elif isinstance(value, str):
-        label = secret_value(value)
+        remembered = type(value) is str and len(value) <= _REMEMBERED  # exact str: its own ==
+        label = _value_shape(value) if remembered else secret_value(value)
         if label is not None:
             raise SecretInPayloadError(path, f"the value looks like {label}")
 

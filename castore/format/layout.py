@@ -6,6 +6,7 @@ hostile task id or object id is refused before any system call is made.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import secrets
@@ -183,8 +184,12 @@ def is_object_name(name: str) -> bool:
 
 def temp_name() -> str:
     """A temp file name that says who wrote it, so fsck and gc can classify leftovers."""
-    host = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname())[:64] or "host"
-    return f"{TMP_PREFIX}{host}-{os.getpid()}-{secrets.token_hex(6)}"
+    return f"{TMP_PREFIX}{_host_label(socket.gethostname())}-{os.getpid()}-{secrets.token_hex(6)}"
+
+
+@functools.lru_cache(maxsize=4)  # the host's name, asked at every commit, rarely changes
+def _host_label(host: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]", "_", host)[:64] or "host"
 
 
 def parse_temp_name(name: str) -> tuple[str, int] | None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import operator
+import weakref
+from collections.abc import Callable
 
 from castore.errors import UsageError
 from castore.format import codec
@@ -29,9 +31,60 @@ def validate_step_id(step_id: object) -> None:
         )
 
 
+class _Memo:
+    """What is known of one Plan object: that it is valid, and its digest with the encoded
+    meta that digest was made with."""
+
+    __slots__ = ("digest", "meta", "ref", "valid")
+
+    def __init__(self, ref: weakref.ref[Plan]) -> None:
+        self.ref = ref
+        self.valid = False
+        self.digest: str | None = None
+        self.meta: bytes | None = None
+
+
+# By id() of the plan (a Plan holds a dict, so it has no hash); an entry goes with its plan.
+_MEMO: dict[int, _Memo] = {}
+
+
+def _memo(plan: Plan) -> _Memo | None:
+    """The memo of this very plan object (issue 26: a long fixed plan is checked and hashed
+    once per process, not at every resume), or None for a plan whose parts could change
+    under it. A Plan is frozen and its plain steps (exact strs, bools, tuples) are immutable;
+    its meta is a dict, so the digest is kept with the meta's bytes and remade if they differ."""
+    key = id(plan)
+    memo = _MEMO.get(key)
+    if memo is not None and memo.ref() is plan:
+        return memo
+    if type(plan) is not Plan or type(plan.name) is not str or plan.grows not in (None, True):
+        return None
+    if not _plain_steps(plan.steps):
+        return None
+    memo = _Memo(weakref.ref(plan, _forget(key)))
+    _MEMO[key] = memo
+    return memo
+
+
+def _forget(key: int) -> Callable[[object], None]:
+    def forget(_: object) -> None:
+        _MEMO.pop(key, None)
+
+    return forget
+
+
 def validate_plan(plan: Plan) -> None:
     """Refuse a plan castore could not run: no steps (unless it grows), bad or duplicate
-    ids, forward deps."""
+    ids, forward deps. Once per plan object that cannot change (see _memo)."""
+    memo = _memo(plan)
+    if memo is not None and memo.valid:
+        return
+    _validate(plan)
+    if memo is not None:
+        memo.valid = True
+
+
+def _validate(plan: Plan) -> None:
     if plan.grows is not None and plan.grows is not True:
         raise UsageError(f"plan {plan.name!r}: grows is True or None, not {plan.grows!r}")
     if not plan.steps and not plan.grows:
@@ -58,13 +111,15 @@ def plan_bytes(plan: Plan) -> bytes:
     return b"".join(_plan_pieces(plan))
 
 
-def _plan_pieces(plan: Plan) -> list[bytes | memoryview]:
+def _plan_pieces(plan: Plan, *, plain: bool | None = None) -> list[bytes | memoryview]:
     """The framed bytes of a plan, in pieces whose concatenation they are. Every resume
     hashes the caller's plan: its steps (all of the bytes of a long plan) are encoded in C,
     a slice at a time, when they hold exact types only; the name and meta as any record's
     fields are; anything else takes the general path, in one piece."""
     version = 2 if plan.grows is not None else None  # a v1 reader knows no growing plan
-    if not _plain_steps(plan.steps) or plan.grows not in (None, True):
+    if plain is None:
+        plain = _plain_steps(plan.steps)
+    if not plain or plan.grows not in (None, True):
         return [_general_bytes(plan, version)]
     try:
         steps = _encoded_steps(plan.steps)
@@ -110,8 +165,15 @@ def _plain_steps(steps: object) -> bool:
 
 
 def plan_id(plan: Plan) -> str:
-    """The plan digest: the id its object has (or would have) in any store."""
-    return hash_chunks(_plan_pieces(plan))
+    """The plan digest: the id its object has (or would have) in any store. Hashed once per
+    plan object that cannot change (see _memo), and again only if its meta did."""
+    memo = _memo(plan)
+    if memo is None:
+        return hash_chunks(_plan_pieces(plan))
+    meta = codec.encode_value(codec.to_builtins(plan.meta))
+    if memo.digest is None or memo.meta != meta:
+        memo.digest, memo.meta = hash_chunks(_plan_pieces(plan, plain=True)), meta
+    return memo.digest
 
 
 def roll_digest(digest: str, step: Step, args: str | None) -> str:

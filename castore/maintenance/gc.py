@@ -58,6 +58,7 @@ from castore.format.layout import (
 )
 from castore.format.model import attrs
 from castore.maintenance import reclaim, retention
+from castore.maintenance.grace import DEFAULT_GRACE_S
 from castore.maintenance.reach import GcReport, Reachable, listed
 from castore.medium import oserrors
 from castore.medium.base import Entry, Medium
@@ -65,7 +66,6 @@ from castore.store import Store
 
 __all__ = ["BATCH", "DEFAULT_GRACE_S", "GcReport", "Reachable", "collect", "reachable"]
 
-DEFAULT_GRACE_S = 14 * 86400
 # Objects set aside at once before the slots are read again: bounds how many objects a gc
 # killed mid-run leaves under temp names, and how long any of them is away.
 BATCH = 1024

@@ -26,12 +26,9 @@ from castore.format.effects import NextAction, effect_action, span, when_text
 from castore.format.model import attrs
 from castore.format.plans import head_digest
 from castore.format.records import EffectRecord, EffectState, TransitionKind
+from castore.run.budget import DEFAULT_BUDGET, MIN_BUDGET, TOKEN_RULE
 from castore.run.contract import RunView
 
-DEFAULT_BUDGET = 512  # tokens: at most 2,048 bytes of text
-# Below this the lines every brief has (clipped to their widths below) might not fit.
-MIN_BUDGET = 256
-TOKEN_RULE = "ceil(utf8_bytes / 4)"  # noqa: S105 - a rule, not a credential
 INLINE_MAX = 160  # bytes of a result's canonical JSON shown inline
 FORMAT = "castore-brief/1"
 # The most bytes a value castore does not write itself takes in the text (escaped, then cut).

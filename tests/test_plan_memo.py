@@ -1,0 +1,98 @@
+"""A plan's validation and digest are remembered per Plan object (issue 26): a process that
+resumes a long fixed plan again neither re-checks nor re-hashes it, and a plan whose meta
+changed, or which could change, is never answered from the memo."""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+
+import pytest
+
+import castore
+from castore.format import plans
+from castore.format.records import Plan, Step
+
+
+def _count_encodings(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that grows by one each time a plan's steps are encoded."""
+    calls: list[int] = []
+    real = plans._encoded_steps
+
+    def counted(steps: tuple[Step, ...]) -> list[bytes | memoryview]:
+        calls.append(len(steps))
+        return real(steps)
+
+    monkeypatch.setattr(plans, "_encoded_steps", counted)
+    return calls
+
+
+def test_one_plan_object_is_hashed_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _count_encodings(monkeypatch)
+    plan = Plan.build("memo", "a", "b", "c")
+    first = plans.plan_id(plan)
+    assert first == plans.plan_id(plan)
+    assert [3] == calls
+    assert first == plans.plan_id(Plan.build("memo", "a", "b", "c"))  # a new object: hashed
+    assert [3, 3] == calls
+
+
+def test_a_changed_meta_is_hashed_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _count_encodings(monkeypatch)
+    plan = Plan.build("memo", "a", "b", owner="ann")
+    before = plans.plan_id(plan)
+    plan.meta["owner"] = "bob"  # a Plan is frozen, its meta dict is not
+    after = plans.plan_id(plan)
+    assert before != after
+    assert after == plans.plan_id(Plan.build("memo", "a", "b", owner="bob"))
+    assert 3 == len(calls)
+
+
+def test_validation_is_remembered_only_when_it_passed(monkeypatch: pytest.MonkeyPatch) -> None:
+    checked: list[str] = []
+    real = plans._validate
+    monkeypatch.setattr(plans, "_validate", lambda plan: (checked.append(plan.name), real(plan)))
+    good = Plan.build("good", "a", "b")
+    plans.validate_plan(good)
+    plans.validate_plan(good)
+    assert ["good"] == checked
+    bad = Plan("bad", (Step("a"), Step("a")))
+    for _ in range(2):  # refused every time: a failure is never remembered as a pass
+        with pytest.raises(castore.UsageError, match="twice"):
+            plans.validate_plan(bad)
+    assert ["good", "bad", "bad"] == checked
+
+
+def test_a_plan_that_could_change_is_not_remembered() -> None:
+    """A step id of a str subclass (its value could be anything a subclass makes it) or a
+    list where a tuple belongs: no memo, the plan is checked and hashed at every use."""
+    odd_id = type("Id", (str,), {})("a")
+    listed = Step("b", after=["a"])  # type: ignore[arg-type]
+    for plan in (Plan("p", (Step(odd_id),)), Plan("p", (Step("a"), listed))):
+        assert plans._memo(plan) is None
+
+
+def test_the_memo_goes_with_its_plan() -> None:
+    plan = Plan.build("gone", "a")
+    plans.plan_id(plan)
+    key = id(plan)
+    assert key in plans._MEMO
+    del plan
+    gc.collect()
+    assert key not in plans._MEMO
+
+
+def test_resume_again_with_one_plan_object(tmp_path: Path) -> None:
+    """The same plan object resumes its task again; with its meta changed, the task's plan
+    is not the caller's any more and the gate says so, as for any other plan."""
+    store = castore.Store.init(str(tmp_path / "store"))
+    plan = Plan.build("job", "a", "b", owner="ann")
+    with store.start("t", plan) as run:
+        run.commit_step("a", 1)
+    for _ in range(2):
+        with store.resume("t", plan) as run:
+            assert run.done("a")
+            assert not run.done("b")
+    plan.meta["owner"] = "bob"
+    with pytest.raises(castore.PlanDriftError):
+        store.resume("t", plan)
