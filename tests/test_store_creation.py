@@ -28,12 +28,15 @@ SEED = int(os.environ.get("CASTORE_INIT_SEED", "20261201"))
 PLAN = castore.Plan.build("init", "a")
 
 # The child: open (and so create) the store at argv[1] once told to on stdin.
+# `castore.Store` is looked up before "ready": `import castore` loads nothing until a name is
+# used, and the kill must land in init, not in the imports init would otherwise start with.
 CREATOR = """
 import sys
 import castore
+Store = castore.Store
 print("ready", flush=True)
 sys.stdin.readline()
-castore.Store.open(sys.argv[1], create=True)
+Store.open(sys.argv[1], create=True)
 print("created", flush=True)
 """
 
