@@ -153,7 +153,24 @@ def test_writers_with_effects_racing_gc_without_grace_lose_no_acknowledged_commi
 ) -> None:
     """Three writers (blob results and effects) and gc looping with grace 0: every commit a
     writer acknowledged is in its chain, every blob it named reads back, fsck is clean."""
-    for i in range(50):  # garbage: gc has something to remove all along
+    race_writers_against_gc(store, store.root, children, garbage=50, rounds=ROUNDS)
+    errors = [f for f in check_store(store.root, jobs=1) if f.severity is Severity.ERROR]
+    assert [] == errors
+
+
+def race_writers_against_gc(
+    store: castore.Store,
+    where: str,
+    children: list[subprocess.Popen[str]],
+    *,
+    garbage: int,
+    rounds: int,
+) -> None:
+    """RACERS writer processes (RACER, `rounds` rounds each) and gc looping with grace 0 in a
+    thread of this one, on the store at `where` (a path or an s3:// URL) that `garbage`
+    unnamed blobs give gc something to remove all along: every commit a writer acknowledged
+    is in its chain and every blob it named reads back."""
+    for i in range(garbage):
         store.put_blob({"garbage": i})
     stop = threading.Event()
     removed: list[str] = []
@@ -162,17 +179,15 @@ def test_writers_with_effects_racing_gc_without_grace_lose_no_acknowledged_commi
     def gc_loop() -> None:
         while not stop.is_set():
             try:
-                removed.extend(collect(store.root, grace_s=0).removed)
-            except BaseException as exc:  # noqa: BLE001 - reported by the test below
+                removed.extend(collect(where, grace_s=0).removed)
+            except BaseException as exc:  # noqa: BLE001 - reported by the caller's assert
                 failures.append(exc)
                 return
 
     thread = threading.Thread(target=gc_loop, daemon=True)
     thread.start()
     try:
-        racers = [
-            spawn(children, RACER, store.root, f"race/{n}", str(ROUNDS)) for n in range(RACERS)
-        ]
+        racers = [spawn(children, RACER, where, f"race/{n}", str(rounds)) for n in range(RACERS)]
         outputs = [proc.communicate(timeout=DEADLINE * 3) for proc in racers]
     finally:
         stop.set()
@@ -180,17 +195,15 @@ def test_writers_with_effects_racing_gc_without_grace_lose_no_acknowledged_commi
     assert [] == failures
     for proc, (out, err) in zip(racers, outputs, strict=True):
         assert (0, "exit") == (proc.returncode, out.splitlines()[-1]), err
-    assert len(removed) >= 50, "gc did not run against the writers"
+    assert len(removed) >= garbage, "gc did not run against the writers"
     for n, (out, _) in enumerate(outputs):
-        chain = {seq: oid for oid, snap in store.history(f"race/{n}") for seq in [snap.seq]}
+        chain = {snap.seq: oid for oid, snap in store.history(f"race/{n}")}
         acked = [line.split()[1:] for line in out.splitlines() if line.startswith("ack ")]
-        assert 1 + 2 * ROUNDS == len(acked)
+        assert 1 + 2 * rounds == len(acked)
         for seq, snapshot_id, blob in acked:
             assert snapshot_id == chain[int(seq)]
             if blob != "-":
                 assert {"task": f"race/{n}", "i": (int(seq) - 1) // 3} == store.get_blob(blob)
-    errors = [f for f in check_store(store.root, jobs=1) if f.severity is Severity.ERROR]
-    assert [] == errors
 
 
 def test_gc_that_cannot_list_objects_is_an_error_not_removed_0(

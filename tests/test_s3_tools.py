@@ -7,16 +7,14 @@ commit, and `castore watch` follows another process's commits by listing (S3 has
 from __future__ import annotations
 
 import subprocess
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from helpers import spawn_child
 from s3proxy import Fault, FaultProxy
 from s3servers import S3Endpoint
 from sealing import EVERY, seal_often
-from test_gc_handshake import RACER, RACERS
+from test_gc_handshake import race_writers_against_gc
 from test_watch import Alerts, make_unresolved
 
 import castore
@@ -26,7 +24,6 @@ from castore.watch import Watcher
 
 __all__ = ["seal_often"]  # a fixture, imported for the tests below
 HOUR = 3600.0
-DEADLINE = 120.0
 
 
 def test_gc_on_s3_removes_garbage_and_keeps_what_chains_name(s3: S3Endpoint) -> None:
@@ -100,44 +97,7 @@ def test_writers_racing_gc_on_s3_lose_no_acknowledged_commit(
     """Writers in three processes (blob results and effects) and gc looping with grace 0 in
     this one: every acknowledged commit is in its chain and every blob it named reads back."""
     url = s3.new_bucket()
-    store = castore.Store.init(url)
-    for i in range(10):
-        store.put_blob({"garbage": i})
-    stop = threading.Event()
-    removed: list[str] = []
-    failures: list[BaseException] = []
-
-    def gc_loop() -> None:
-        while not stop.is_set():
-            try:
-                removed.extend(collect(url, grace_s=0).removed)
-            except BaseException as exc:  # noqa: BLE001 - reported by the test below
-                failures.append(exc)
-                return
-
-    thread = threading.Thread(target=gc_loop, daemon=True)
-    thread.start()
-    rounds = 6
-    try:
-        racers = [
-            spawn_child(children, RACER, url, f"race/{n}", str(rounds)) for n in range(RACERS)
-        ]
-        outputs = [proc.communicate(timeout=DEADLINE) for proc in racers]
-    finally:
-        stop.set()
-        thread.join(DEADLINE)
-    assert [] == failures
-    for proc, (out, err) in zip(racers, outputs, strict=True):
-        assert (0, "exit") == (proc.returncode, out.splitlines()[-1]), err
-    assert len(removed) >= 10, "gc did not run against the writers"
-    for n, (out, _) in enumerate(outputs):
-        chain = {snap.seq: oid for oid, snap in store.history(f"race/{n}")}
-        acked = [line.split()[1:] for line in out.splitlines() if line.startswith("ack ")]
-        assert 1 + 2 * rounds == len(acked)
-        for seq, snapshot_id, blob in acked:
-            assert snapshot_id == chain[int(seq)]
-            if blob != "-":
-                assert {"task": f"race/{n}", "i": (int(seq) - 1) // 3} == store.get_blob(blob)
+    race_writers_against_gc(castore.Store.init(url), url, children, garbage=10, rounds=6)
 
 
 @pytest.fixture

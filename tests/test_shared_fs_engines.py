@@ -222,16 +222,13 @@ def test_doctor_fails_a_race_whose_winner_reads_empty_past_the_bound(
     assert elapsed < 30, f"doctor took {elapsed:.1f}s"
 
 
-@pytest.mark.parametrize(
-    "two_mounts",
-    [
-        pytest.param(
-            "gluster-default",
-            marks=pytest.mark.glusterfs,
-        )
-    ],
-    indirect=True,
+# The two default-cache Gluster clients alone.
+ON_DEFAULT_GLUSTER = pytest.mark.parametrize(
+    "two_mounts", [pytest.param("gluster-default", marks=pytest.mark.glusterfs)], indirect=True
 )
+
+
+@ON_DEFAULT_GLUSTER
 def test_doctor_gives_the_same_verdict_three_runs_in_a_row_on_default_gluster_caches(
     two_mounts: TwoMounts,
 ) -> None:
@@ -241,16 +238,7 @@ def test_doctor_gives_the_same_verdict_three_runs_in_a_row_on_default_gluster_ca
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "two_mounts",
-    [
-        pytest.param(
-            "gluster-default",
-            marks=pytest.mark.glusterfs,
-        )
-    ],
-    indirect=True,
-)
+@ON_DEFAULT_GLUSTER
 def test_doctor_gives_the_same_verdict_ten_runs_in_a_row_on_default_gluster_caches(
     two_mounts: TwoMounts,
 ) -> None:
@@ -262,7 +250,6 @@ def test_doctor_gives_the_same_verdict_ten_runs_in_a_row_on_default_gluster_cach
 
 def doctor_runs_agree(two_mounts: TwoMounts, runs: int) -> None:
     """`runs` doctor runs across the two clients: all safe, no required check failed."""
-
     verdicts, stale = [], 0
     for n in range(runs):
         _, mount_a, mount_b = two_mounts.new_dir(f"doctor-{n}")

@@ -73,6 +73,9 @@ class Medium(abc.ABC):
     #: format's most (None: SEAL_EVERY). A resume reads every slot above the sealed mark, one
     #: request each where a read is a round trip (S3): a short tail keeps it a few reads.
     seal_every: int | None = None
+    #: the store is a directory a filesystem observer (watchdog) can follow; False where a
+    #: watcher sees commits only by listing (S3)
+    file_events: bool = True
     #: names at the top of a store that the medium keeps for itself (not the format's)
     private_names: frozenset[str] = frozenset()
 

@@ -55,6 +55,7 @@ class S3Medium(Medium):
     frees_names = False
     aliases = False
     directories = False
+    file_events = False
     private_names = frozenset({VERDICT_KEY, _PROBE_KEY})
     seal_every = 64  # a resume GETs each slot above the mark: at most 64 round trips
 

@@ -105,13 +105,9 @@ class Watcher:
     def mode(self) -> str:
         """How commits are followed: `inotify`, `polling every Ns`, or (a store without
         filesystem events, S3) `listing every Ns`."""
-        if not self._has_events:
+        if not self._store.medium.file_events:
             return f"listing every {self._poll or DEFAULT_POLL_S:g}s"
         return "inotify" if self._poll is None else f"polling every {self._poll:g}s"
-
-    @property
-    def _has_events(self) -> bool:
-        return self._store.medium.kind == "posix"
 
     # -- lifetime --------------------------------------------------------------------------
     def start(self) -> None:
@@ -345,7 +341,7 @@ class Watcher:
         return True
 
     def _new_observer(self) -> TasksObserver | MediumPoller:
-        if not self._has_events:
+        if not self._store.medium.file_events:
             poll = self._poll or DEFAULT_POLL_S
             return MediumPoller(self._store.medium, poll, self._hint, self._hint_all)
         return TasksObserver(self._tasks_dir, self._poll, self._hint, self._hint_all)
