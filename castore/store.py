@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import typing
 from collections.abc import Collection, Iterator
 from typing import Any
 
@@ -11,10 +12,9 @@ from castore.chain import briefview
 from castore.chain.marker import open_marker
 from castore.chain.objects import ObjectStore
 from castore.chain.outcomes import Outcomes
+from castore.chain.planread import read_plan
 from castore.chain.seal import SEAL_EVERY
-from castore.chain.verify import (
-    VerifiedChain,
-)
+from castore.chain.verify import VerifiedChain
 from castore.errors import (
     ConflictError,
     ForkError,
@@ -22,6 +22,7 @@ from castore.errors import (
     StoreExistsError,
     TaskExistsError,
     TaskNotFoundError,
+    UsageError,
 )
 from castore.format import codec
 from castore.format.guard import DEFAULT_SNAPSHOT_BUDGET
@@ -32,6 +33,7 @@ from castore.format.layout import (
     Layout,
     lock_key,
     task_key,
+    validate_object_id,
 )
 from castore.format.marker import marker_bytes
 from castore.format.plans import plan_id as plan_digest
@@ -164,24 +166,32 @@ class Store(Reading):
     def resume(
         self,
         task_id: str,
-        plan: Plan,
+        plan: Plan | None = None,
         *,
+        plan_id: str | None = None,
         env: EnvSource = None,
         allow_fields: Collection[str] = (),
         lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT,
     ) -> Run:
-        """Verify task `task_id` from HEAD to its plan root, pass the gate, return its run."""
+        """Verify task `task_id` from HEAD to its plan root, pass the gate, return its run.
+
+        Give the task's `plan`, or its `plan_id` alone (`run.plan_id`, or what `put_plan`
+        returned): the run then has the plan stored with the task, read and verified from
+        the store, and the caller's plan is neither built nor hashed; a task of another
+        plan is refused (PlanDriftError) as a changed plan is."""
         slots = self._slots(task_id)
         settings = self._settings(env, allow_fields)
         refuse_recorded_secrets(task_id, None, settings)  # each commit would write it again
-        validate_plan(plan)
-        self._require_fixed_in_v1(plan)
-        plan_id = plan_digest(plan)
+        expected = self._expected_plan(plan, plan_id)
         with self._locked(task_id, lock_timeout) as lock:
-            chain = self._verify_live(slots, (plan_id, plan), keep_tail=self._sealing)
+            chain = self._verify_live(slots, expected, keep_tail=self._sealing)
             # A fork's outcomes, by their tree (format 2 only: a v1 store holds no fork).
             carried = fork.carried_by(self.objects, chain) if self._sealing else {}
-            gate.check_plan(chain, plan, plan_id)
+            if expected is None:
+                gate.check_plan_id(chain, typing.cast(str, plan_id))
+                validate_plan(chain.plan)  # a stored plan is checked as a caller's is
+            else:
+                gate.check_plan(chain, expected[1], expected[0])
             gate.check_frontier(task_id, chain.head, chain.plan)
             gate.check_keys(task_id, chain.head)
             deferred = gate.in_flight(chain.head)
@@ -194,14 +204,47 @@ class Store(Reading):
         run.env_unverified = deferred
         return run
 
-    def open_task(self, task_id: str, plan: Plan, **options: Any) -> Run:
-        """Start task `task_id`, or resume it if it exists: what a worker calls on (re)start."""
+    def open_task(
+        self, task_id: str, plan: Plan | None = None, *, plan_id: str | None = None, **options: Any
+    ) -> Run:
+        """Start task `task_id`, or resume it if it exists: what a worker calls on (re)start.
+        With `plan_id` instead of `plan` (see `resume`), a new task starts with the plan of
+        that id, which must be in the store already (`put_plan`)."""
+        self._expected_plan(plan, plan_id, check=False)
         if self._slots(task_id).started():
-            return self.resume(task_id, plan, **options)
+            return self.resume(task_id, plan, plan_id=plan_id, **options)
         try:
-            return self.start(task_id, plan, **options)
+            return self.start(task_id, plan or self._stored_plan(task_id, str(plan_id)), **options)
         except TaskExistsError:
-            return self.resume(task_id, plan, **options)
+            return self.resume(task_id, plan, plan_id=plan_id, **options)
+
+    def _expected_plan(
+        self, plan: Plan | None, plan_id: str | None, *, check: bool = True
+    ) -> tuple[str, Plan] | None:
+        """(digest, plan) of a caller's plan, validated; None when the caller named the
+        task's plan by `plan_id` instead (UsageError unless exactly one of them is given)."""
+        if (plan is None) == (plan_id is None):
+            raise UsageError(
+                "give the task's plan or its plan_id (not both, not neither): "
+                "resume(task, plan) or resume(task, plan_id=run.plan_id)"
+            )
+        if plan is None:
+            validate_object_id(plan_id)
+            return None
+        if not check:
+            return None
+        validate_plan(plan)
+        self._require_fixed_in_v1(plan)
+        return plan_digest(plan), plan
+
+    def _stored_plan(self, task_id: str, plan_id: str) -> Plan:
+        """The plan of id `plan_id` from this store, for a task that starts by plan id."""
+        if not self.objects.exists(plan_id):
+            raise UsageError(
+                f"plan {plan_id[:16]} is not in this store: store it first "
+                "(plan_id = store.put_plan(plan)) and start tasks with that id"
+            )
+        return read_plan(self.objects, task_id, plan_id)
 
     def resolve(
         self,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -50,8 +51,17 @@ def test_a_changed_meta_is_hashed_again(monkeypatch: pytest.MonkeyPatch) -> None
 
 def test_validation_is_remembered_only_when_it_passed(monkeypatch: pytest.MonkeyPatch) -> None:
     checked: list[str] = []
-    real = plans._validate
-    monkeypatch.setattr(plans, "_validate", lambda plan: (checked.append(plan.name), real(plan)))
+    real, fast = plans._validate, plans._valid_plain
+
+    def counted(check: Any) -> Any:
+        def call(plan: Plan) -> Any:
+            checked.append(plan.name)
+            return check(plan)
+
+        return call
+
+    monkeypatch.setattr(plans, "_validate", counted(real))
+    monkeypatch.setattr(plans, "_valid_plain", counted(fast))
     good = Plan.build("good", "a", "b")
     plans.validate_plan(good)
     plans.validate_plan(good)
@@ -60,7 +70,8 @@ def test_validation_is_remembered_only_when_it_passed(monkeypatch: pytest.Monkey
     for _ in range(2):  # refused every time: a failure is never remembered as a pass
         with pytest.raises(castore.UsageError, match="twice"):
             plans.validate_plan(bad)
-    assert ["good", "bad", "bad"] == checked
+    # "bad": the fast check says "look closer", the step-by-step one refuses.
+    assert ["good", "bad", "bad", "bad", "bad"] == checked
 
 
 def test_a_plan_that_could_change_is_not_remembered() -> None:
@@ -96,3 +107,34 @@ def test_resume_again_with_one_plan_object(tmp_path: Path) -> None:
     plan.meta["owner"] = "bob"
     with pytest.raises(castore.PlanDriftError):
         store.resume("t", plan)
+
+
+_SHAPES = [
+    Plan.build("chain", "a", "b", "c"),
+    Plan("flat", (Step("a"), Step("b"), Step("c"))),
+    Plan("fan-in", (Step("a"), Step("b"), Step("c", after=("a", "b")))),
+    Plan("self", (Step("a"), Step("b", after=("a", "b")), Step("c"))),
+    Plan("forward", (Step("a", after=("b",)), Step("b"))),
+    Plan("unknown", (Step("a"), Step("b", after=("zz",)))),
+    Plan("twice", (Step("a"), Step("b", after=("a",)), Step("a", after=("b",)))),
+    Plan("empty-id", (Step(""),)),
+    Plan("long-id", (Step("x" * (plans.MAX_STEP_ID + 1)),)),
+    Plan("tab", (Step("a\tb"),)),
+    Plan("no-steps", ()),
+    Plan.grow("grows"),
+    Plan("bad-grows", (Step("a"),), grows=False),
+    Plan("shifted", (Step("a"), Step("b", after=("a",)), Step("c", after=("a",)))),
+]
+
+
+@pytest.mark.parametrize("plan", _SHAPES, ids=[plan.name for plan in _SHAPES])
+def test_the_whole_sequence_check_never_passes_what_the_step_check_refuses(plan: Plan) -> None:
+    """`_valid_plain` may say "look closer" (False) for a valid plan, never True for an
+    invalid one: the step-by-step `_validate` is the definition."""
+    try:
+        plans._validate(plan)
+    except castore.UsageError:
+        assert not plans._valid_plain(plan)
+    else:
+        if plan.name in ("chain", "flat", "grows"):
+            assert plans._valid_plain(plan)  # the shapes it exists for

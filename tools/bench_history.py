@@ -12,7 +12,8 @@ Last lines are key=value, with issue 13's targets: resume_100k_ms <= 50, resume_
 resume_1m_rss_mb <= 100, status_5000_s <= 0.5, watch_cpu_ms_per_commit_10k <= 1 (flat in history
 length), disk_per_payload <= 2, inodes_per_step <= 0.01 (a finished, hence sealed, task).
 `resume_*_again_ms` resumes with the plan object of an earlier resume in the same process
-(its validation and digest are remembered per plan object). `resume_*_plan_digest_ms` is the
+(its validation and digest are remembered per plan object); `resume_*_by_id_ms` resumes by the
+plan's id alone (`store.resume(task, plan_id=...)`: the stored plan is read, none built). `resume_*_plan_digest_ms` is the
 part of a resume spent on the digest of the caller's plan, a cost of the long fixed plan rather
 than of the chain; `resume_*_chain_ms` is the chain's part
 (verify_chain given the caller's plan). `resume_*_grown_ms` and `_grown_rss_mb` resume a task of
@@ -127,6 +128,20 @@ def plan_digest_ms(steps: int, rounds: int) -> float:
         start = time.perf_counter()
         plan_id(plan)
         best = min(best, time.perf_counter() - start)
+    return best * 1000
+
+
+def resume_by_id_ms(store: Store, task: str, steps: int, rounds: int) -> float:
+    """Best of `rounds`: resume by the plan's id (`store.resume(task, plan_id=...)`): the
+    plan is read and checked from the store, a new object each round, none is built."""
+    plan_id = store.put_plan(plan_of(steps))
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        with store.resume(task, plan_id=plan_id) as run:
+            elapsed = time.perf_counter() - start
+            assert run.finished
+        best = min(best, elapsed)
     return best * 1000
 
 
@@ -319,6 +334,7 @@ def measure_resume(base: str, steps: int, label: str, rounds: int) -> dict[str, 
     results = {
         f"resume_{label}_ms": resume_ms(store, TASK, steps, rounds),
         f"resume_{label}_again_ms": resume_ms(store, TASK, steps, rounds, again=True),
+        f"resume_{label}_by_id_ms": resume_by_id_ms(store, TASK, steps, rounds),
         f"resume_{label}_plan_digest_ms": plan_digest_ms(steps, rounds),
         f"resume_{label}_chain_ms": chain_verify_ms(store, TASK, steps, rounds),
         f"resume_{label}_rss_mb": resume_rss_mb(root, steps),

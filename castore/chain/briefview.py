@@ -12,9 +12,10 @@ from __future__ import annotations
 from castore.chain.objects import ObjectStore
 from castore.chain.outcomes import Outcome, Outcomes, outcome_of
 from castore.chain.packwalk import read_pack
+from castore.chain.planread import read_plan
 from castore.chain.refs import TaskSlots
 from castore.chain.snapshotread import read_snapshot
-from castore.chain.verify import VerifiedChain, check_walked_link, read_plan, verify_head
+from castore.chain.verify import VerifiedChain, check_walked_link, verify_head
 from castore.errors import CastoreError, ChainError, FormatVersionError, StoreIOError
 from castore.format.effects import ChainClock
 from castore.format.fastdecode import plan_facts

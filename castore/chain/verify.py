@@ -8,6 +8,7 @@ from typing import Any
 from castore.chain.objects import ObjectStore
 from castore.chain.outcomes import Outcome, Outcomes, PackRef, outcome_of
 from castore.chain.packwalk import verify_sealed
+from castore.chain.planread import check_plan_bytes, read_plan
 from castore.chain.refs import TaskSlots
 from castore.chain.snapshotread import read_snapshot
 from castore.errors import (
@@ -22,7 +23,7 @@ from castore.format import codec
 from castore.format.digest import hash_bytes
 from castore.format.effects import ChainClock
 from castore.format.fastdecode import decode_canonical
-from castore.format.layout import missing_seqs, validate_object_id
+from castore.format.layout import missing_seqs
 from castore.format.links import check_anchor
 from castore.format.links import check_history as _check_history
 from castore.format.links import check_link as _check_link
@@ -282,7 +283,7 @@ def _plans(
     if expected_plan is not None and expected_plan[0] == head.plan:
         # The caller's plan has the same digest: check the stored bytes hash to it (then they
         # are the caller's plan, a framed plan), skip decoding them.
-        _check_plan_bytes(objects, task_id, head.plan)
+        check_plan_bytes(objects, task_id, head.plan)
         plan = expected_plan[1]
     else:
         plan = read_plan(objects, task_id, head.plan)
@@ -305,30 +306,6 @@ def _head_record(
     except Exception as exc:
         raise ChainError(
             task_id, f"HEAD {head_id} is not a valid snapshot record: {exc}", object_id=head_id
-        ) from exc
-
-
-def _check_plan_bytes(objects: ObjectStore, task_id: str, plan_id: str) -> None:
-    try:
-        objects.check(plan_id)
-    except (FormatVersionError, StoreIOError):
-        raise
-    except CastoreError as exc:
-        raise ChainError(task_id, f"plan {plan_id}: {exc}", object_id=plan_id) from exc
-
-
-def read_plan(objects: ObjectStore, task_id: str, plan_id: str) -> Plan:
-    """A plan object, verified and decoded; ChainError (or FormatVersionError) if it is not."""
-    try:
-        plan_body = objects.get(validate_object_id(plan_id), "plan")
-        return codec.from_builtins(codec.decode_value(plan_body), Plan)
-    except (FormatVersionError, StoreIOError):
-        raise
-    except CastoreError as exc:
-        raise ChainError(task_id, f"plan {plan_id}: {exc}", object_id=str(plan_id)) from exc
-    except Exception as exc:
-        raise ChainError(
-            task_id, f"plan {plan_id} is not a valid plan: {exc}", object_id=plan_id
         ) from exc
 
 

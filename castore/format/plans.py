@@ -48,7 +48,7 @@ class _Memo:
 _MEMO: dict[int, _Memo] = {}
 
 
-def _memo(plan: Plan) -> _Memo | None:
+def _memo(plan: Plan, *, plain: bool = False) -> _Memo | None:
     """The memo of this very plan object (issue 26: a long fixed plan is checked and hashed
     once per process, not at every resume), or None for a plan whose parts could change
     under it. A Plan is frozen and its plain steps (exact strs, bools, tuples) are immutable;
@@ -59,7 +59,7 @@ def _memo(plan: Plan) -> _Memo | None:
         return memo
     if type(plan) is not Plan or type(plan.name) is not str or plan.grows not in (None, True):
         return None
-    if not _plain_steps(plan.steps):
+    if not plain and not _plain_steps(plan.steps):
         return None
     memo = _Memo(weakref.ref(plan, _forget(key)))
     _MEMO[key] = memo
@@ -79,9 +79,40 @@ def validate_plan(plan: Plan) -> None:
     memo = _memo(plan)
     if memo is not None and memo.valid:
         return
-    _validate(plan)
+    if memo is None or not _valid_plain(plan):
+        _validate(plan)  # the step by step check, and the one that says what is wrong
     if memo is not None:
         memo.valid = True
+
+
+def _valid_plain(plan: Plan) -> bool:
+    """True if a plan of plain steps (`_plain_steps`) passes `_validate`, checked a whole
+    sequence at a time in C, for the shapes `Plan.build` makes: each step after the one
+    before, or after none. False means "look closer", never "invalid": `_validate` decides
+    (and says what is wrong) for every other plan."""
+    if plan.grows is not None and plan.grows is not True:
+        return False
+    steps = plan.steps
+    if not steps:
+        return bool(plan.grows)
+    ids = list(map(_ID, steps))
+    lengths = list(map(len, ids))
+    # A concatenation prints as itself exactly when each of its parts does.
+    if min(lengths) < 1 or max(lengths) > MAX_STEP_ID or not "".join(ids).isprintable():
+        return False
+    if len(set(ids)) != len(ids):
+        return False  # a duplicate id
+    afters = list(map(_AFTER, steps))
+    deps = list(itertools.chain.from_iterable(afters))
+    if not deps:
+        return True
+    # A chain: step 0 after none, each later step after exactly one, and that one (in
+    # order) the step before it.
+    return (
+        afters[0] == ()
+        and set(map(len, itertools.islice(afters, 1, None))) == {1}
+        and deps == ids[:-1]
+    )
 
 
 def _validate(plan: Plan) -> None:
@@ -174,6 +205,15 @@ def plan_id(plan: Plan) -> str:
     if memo.digest is None or memo.meta != meta:
         memo.digest, memo.meta = hash_chunks(_plan_pieces(plan, plain=True)), meta
     return memo.digest
+
+
+def remember_digest(plan: Plan, digest: str) -> None:
+    """Record that `digest` is `plan`'s (a plan decoded from canonical bytes that hashed to
+    it), so a later plan_id(plan) need not encode it again. Decoded by msgspec into the
+    records, its steps are plain (exact strs, bools, tuples) without looking."""
+    memo = _memo(plan, plain=True)
+    if memo is not None:
+        memo.digest, memo.meta = digest, codec.encode_value(codec.to_builtins(plan.meta))
 
 
 def roll_digest(digest: str, step: Step, args: str | None) -> str:

@@ -35,6 +35,18 @@ def check_plan(chain: VerifiedChain, plan: Plan, plan_id: str) -> None:
         raise PlanDriftError(chain.task, chain.plan_id, plan_id, plan_diff(chain.plan, plan))
 
 
+def check_plan_id(chain: VerifiedChain, plan_id: str) -> None:
+    """Invariant 2 for a caller that names the task's plan by its id (no plan object)."""
+    if plan_id != chain.plan_id:
+        raise PlanDriftError(
+            chain.task,
+            chain.plan_id,
+            plan_id,
+            f"(resumed by plan_id: the task's plan is {chain.plan.name!r} of "
+            f"{len(chain.plan.steps)} steps, plan {plan_id[:16]} was named)",
+        )
+
+
 def check_frontier(task_id: str, head: Snapshot, plan: Plan) -> None:
     """Invariant 5: the frontier and the effect records fit the plan (a growing plan's: its
     base steps, then the steps decided so far, the frontier's maybe decided and not done)."""
