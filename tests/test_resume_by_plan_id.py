@@ -176,3 +176,20 @@ def test_decoding_a_long_plan_leaves_the_collector_as_it_was(store: castore.Stor
         assert not gc.isenabled()  # the caller's choice, kept
     finally:
         gc.enable()
+
+
+def test_the_async_store_resumes_by_plan_id(store: castore.Store) -> None:
+    import asyncio
+
+    from castore.aio import AsyncStore
+
+    with store.start("t", PLAN) as run:
+        run.commit_step("fetch", 1)
+        plan_id = run.plan_id
+
+    async def resume() -> object:
+        astore = AsyncStore(store.root)
+        async with await astore.open_task("t", plan_id=plan_id) as arun:
+            return await arun.result("fetch")
+
+    assert 1 == asyncio.run(resume())

@@ -55,7 +55,9 @@ class AsyncStore:
             return self._store
         return await in_thread(self.pool, self._opened)
 
-    async def _run(self, verb: str, task_id: str, plan: Plan, options: dict[str, Any]) -> AsyncRun:
+    async def _run(
+        self, verb: str, task_id: str, plan: Plan | None, options: dict[str, Any]
+    ) -> AsyncRun:
         store = await self.store()
         method: Callable[..., Run] = getattr(store, verb)
         # Cancelled while it opens: the run it made holds the task lock, released here.
@@ -70,12 +72,14 @@ class AsyncStore:
         """`Store.start`: create the task; TaskExistsError if it exists."""
         return await self._run("start", task_id, plan, options)
 
-    async def resume(self, task_id: str, plan: Plan, **options: Any) -> AsyncRun:
-        """`Store.resume`: verify the task and pass the gate."""
+    async def resume(self, task_id: str, plan: Plan | None = None, **options: Any) -> AsyncRun:
+        """`Store.resume`: verify the task and pass the gate (`plan_id=` instead of a plan:
+        the task's stored plan)."""
         return await self._run("resume", task_id, plan, options)
 
-    async def open_task(self, task_id: str, plan: Plan, **options: Any) -> AsyncRun:
-        """`Store.open_task`: start the task, or resume it if it exists."""
+    async def open_task(self, task_id: str, plan: Plan | None = None, **options: Any) -> AsyncRun:
+        """`Store.open_task`: start the task, or resume it if it exists (`plan_id=` instead
+        of a plan: the stored plan of that id)."""
         return await self._run("open_task", task_id, plan, options)
 
     async def resolve(self, task_id: str, step_id: str, **decision: Any) -> str:
