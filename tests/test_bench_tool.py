@@ -35,6 +35,8 @@ REQUIRED = (
     "agents8_async_commits_per_s",
     "langgraph8_best_commits_per_s",
     "agents8_vs_langgraph",
+    "agents8proc_commits_per_s",
+    "agents8proc_vs_langgraph",
 )
 
 
@@ -67,6 +69,7 @@ def test_quick_bench_prints_every_required_key_as_a_number(tmp_path: Path) -> No
         ("commit_vs_flush_floor", "commit", "flush_floor"),
         ("perform_vs_langgraph", "perform", "langgraph_effect"),
         ("agents8_vs_langgraph", "agents8", best),
+        ("agents8proc_vs_langgraph", "agents8proc", best),
     ):
         paired = statistics.median(a / b for a, b in zip(rounds[top], rounds[bottom], strict=True))
         assert paired == pytest.approx(values[ratio], rel=1e-3)

@@ -21,6 +21,9 @@ latency, above 1 for a throughput, castore is ahead.
                     commits on both sides); perform_vs_langgraph_put = perform ÷ one put
   agents8           8 threads in one process, each committing to its own task of one Store
   agents8_async     8 coroutines on one event loop through castore.aio.AsyncStore
+  agents8proc       8 processes (spawned, each opening the store), each committing to its own
+                    task; agents8proc_vs_langgraph = agents8proc ÷ LangGraph's best (its
+                    _cpu_us_per_commit is the children's CPU, interpreter start-up included)
   langgraph8_*      LangGraph under the same 8 agents: one thread doing all 8 agents' puts,
                     8 threads sharing one SqliteSaver, 8 threads with 8 databases;
                     agents8_vs_langgraph = agents8 ÷ the best of the three in this run
@@ -175,7 +178,7 @@ class Rounds:
         self.create = c.CreateFloor(base)
         self.samples = Samples()
         self.parts = ["commit", "flush_floor", "create_floor", "perform", "bare_send"]
-        self.parts += ["agents8", "agents8_async"]
+        self.parts += ["agents8", "agents8_async", "agents8proc"]
         try:
             self.lg = c.LangGraphThread(c.langgraph_saver(os.path.join(base, "lg.sqlite")), "lg")
             lge = c.langgraph_saver(os.path.join(base, "lge.sqlite"))
@@ -198,9 +201,10 @@ class Rounds:
     def part(self, name: str, label: str) -> None:
         """One batch of contender `name`, and the CPU time it took per commit (all threads of
         this process: a commit's own work, besides its waits)."""
-        before = resource.getrusage(resource.RUSAGE_SELF)
+        who = resource.RUSAGE_CHILDREN if name == "agents8proc" else resource.RUSAGE_SELF
+        before = resource.getrusage(who)
         self.one(name, label)
-        after = resource.getrusage(resource.RUSAGE_SELF)
+        after = resource.getrusage(who)
         calls = self.batch * (c.AGENTS if name.startswith(("agents8", "langgraph8_")) else 1)
         user, system = after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime
         self.samples.rate(f"{name}_cpu", (user + system) * 1e6 / calls)
@@ -227,6 +231,8 @@ class Rounds:
             self.samples.latencies("agents8_commit", latencies)
         elif name == "agents8_async":
             self.samples.rate(name, c.castore_agents_async(self.store, label, self.batch))
+        elif name == "agents8proc":
+            self.samples.rate(name, c.castore_agents_processes(self.store.root, label, self.batch))
         elif name.startswith("langgraph8_"):
             config = name.removeprefix("langgraph8_")
             self.samples.rate(name, self.lg8.commits_per_s(config, self.batch))
@@ -303,7 +309,7 @@ def results(samples: Samples, have_langgraph: bool, compare: bool) -> dict[str, 
         if f"{name}_cpu" in samples.rounds:
             out[f"{name}_cpu_us"] = m(f"{name}_cpu")
             out[f"{name}_sys_us"] = m(f"{name}_sys")
-    for name in ("agents8", "agents8_async", "langgraph8_8threads_8dbs"):
+    for name in ("agents8", "agents8_async", "agents8proc", "langgraph8_8threads_8dbs"):
         if f"{name}_cpu" in samples.rounds:
             out[f"{name}_cpu_us_per_commit"] = m(f"{name}_cpu")
     out["bare_send_us"] = m("bare_send")
@@ -314,6 +320,8 @@ def results(samples: Samples, have_langgraph: bool, compare: bool) -> dict[str, 
     out["agents8_commit_us"] = m("agents8_commit")
     out["agents8_commit_p99_us"] = p99("agents8_commit")
     out["agents8_async_commits_per_s"] = m("agents8_async")
+    if "agents8proc" in samples.rounds:
+        out["agents8proc_commits_per_s"] = m("agents8proc")
     if have_langgraph:
         out["commit_vs_langgraph"] = ratio("commit", "langgraph_put")
         out["langgraph_effect_us"] = m("langgraph_effect")
@@ -326,6 +334,8 @@ def results(samples: Samples, have_langgraph: bool, compare: bool) -> dict[str, 
         out["langgraph8_best_commits_per_s"] = m(best)
         out["agents8_vs_langgraph"] = ratio("agents8", best)
         out["agents8_async_vs_langgraph"] = ratio("agents8_async", best)
+        if "agents8proc" in samples.rounds:
+            out["agents8proc_vs_langgraph"] = ratio("agents8proc", best)
     if compare:
         out["commit_us_syncfsmode"] = m("commit_syncfsmode")
         out["commit_p99_us_syncfsmode"] = p99("commit_syncfsmode")

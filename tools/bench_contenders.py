@@ -8,6 +8,7 @@ a batch returns its per-call latencies in µs, or its throughput for the concurr
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import os
 import re
 import subprocess
@@ -239,6 +240,48 @@ def castore_agents(store: Store, label: str, batch: int) -> tuple[float, list[fl
     finally:
         for run in runs:
             run.close()
+
+
+def castore_agents_processes(root: str, label: str, batch: int) -> float:
+    """8 processes, as the recipe of docs/howto/agents.md runs them (each a new interpreter
+    that opens the store itself), each committing `batch` steps to its own new task, all
+    released at once: commits/s over the wall time from the release to the last commit."""
+    context = multiprocessing.get_context("spawn")
+    go, ready, done = context.Event(), context.Queue(), context.Queue()
+    workers = [
+        context.Process(
+            target=agent_process, args=(root, f"ap-{label}-{i}", batch, go, ready, done)
+        )
+        for i in range(AGENTS)
+    ]
+    for worker in workers:
+        worker.start()
+    try:
+        for _ in workers:
+            ready.get(timeout=120)
+        start = time.perf_counter()  # CLOCK_MONOTONIC: the children's clock too
+        go.set()
+        ends = [done.get(timeout=600) for _ in workers]
+    finally:
+        for worker in workers:
+            worker.join(timeout=60)
+    failed = [worker.exitcode for worker in workers if worker.exitcode != 0]
+    assert not failed, f"agent processes exited with {failed}"
+    return AGENTS * batch / (max(ends) - start)
+
+
+def agent_process(root: str, task: str, batch: int, go: Any, ready: Any, done: Any) -> None:
+    """One agent process of castore_agents_processes: its first commit (imports, the task's
+    directories) before the release, then `batch` timed commits."""
+    store = Store.open(root)
+    with store.start(task, fixed_plan("ap", batch + 1)) as run:
+        commit = step_committer(run)
+        commit()
+        ready.put(task)
+        go.wait()
+        for _ in range(batch):
+            commit()
+        done.put(time.perf_counter())
 
 
 def castore_agents_async(store: Store, label: str, batch: int) -> float:
