@@ -4,12 +4,14 @@ task of another plan as it refuses a changed plan."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 from typing import Any
 
 import pytest
 
 import castore
+from castore.aio import AsyncStore
 from castore.chain.planread import read_plan
 from castore.format import codec, plans
 from castore.format.fastdecode import decode_canonical
@@ -179,10 +181,6 @@ def test_decoding_a_long_plan_leaves_the_collector_as_it_was(store: castore.Stor
 
 
 def test_the_async_store_resumes_by_plan_id(store: castore.Store) -> None:
-    import asyncio
-
-    from castore.aio import AsyncStore
-
     with store.start("t", PLAN) as run:
         run.commit_step("fetch", 1)
         plan_id = run.plan_id

@@ -270,9 +270,11 @@ def castore_agents_processes(root: str, label: str, batch: int) -> float:
     return AGENTS * batch / (max(ends) - start)
 
 
-def agent_process(root: str, task: str, batch: int, go: Any, ready: Any, done: Any) -> None:
+def agent_process(root: str, task: str, batch: int, signals: tuple[Any, Any, Any]) -> None:
     """One agent process of castore_agents_processes: its first commit (imports, the task's
-    directories) before the release, then `batch` timed commits."""
+    directories) before the release, then `batch` timed commits. `signals`: the release
+    (an Event), the ready and the done queues."""
+    go, ready, done = signals
     store = Store.open(root)
     with store.start(task, fixed_plan("ap", batch + 1)) as run:
         commit = step_committer(run)

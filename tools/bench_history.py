@@ -12,8 +12,9 @@ Last lines are key=value, with issue 13's targets: resume_100k_ms <= 50, resume_
 resume_1m_rss_mb <= 100, status_5000_s <= 0.5, watch_cpu_ms_per_commit_10k <= 1 (flat in history
 length), disk_per_payload <= 2, inodes_per_step <= 0.01 (a finished, hence sealed, task).
 `resume_*_again_ms` resumes with the plan object of an earlier resume in the same process
-(its validation and digest are remembered per plan object); `resume_*_by_id_ms` resumes by the
-plan's id alone (`store.resume(task, plan_id=...)`: the stored plan is read, none built). `resume_*_plan_digest_ms` is the
+(its validation and digest are remembered per plan object); `resume_*_by_id_ms` resumes by
+the plan's id alone (`store.resume(task, plan_id=...)`: the stored plan is read, none built).
+`resume_*_plan_digest_ms` is the
 part of a resume spent on the digest of the caller's plan, a cost of the long fixed plan rather
 than of the chain; `resume_*_chain_ms` is the chain's part
 (verify_chain given the caller's plan). `resume_*_grown_ms` and `_grown_rss_mb` resume a task of
