@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
+import queue as queue_module
 import re
 import subprocess
 import sys
@@ -250,24 +251,37 @@ def castore_agents_processes(root: str, label: str, batch: int) -> float:
     go, ready, done = context.Event(), context.Queue(), context.Queue()
     workers = [
         context.Process(
-            target=agent_process, args=(root, f"ap-{label}-{i}", batch, go, ready, done)
+            target=agent_process, args=(root, f"ap-{label}-{i}", batch, (go, ready, done))
         )
         for i in range(AGENTS)
     ]
     for worker in workers:
         worker.start()
     try:
-        for _ in workers:
-            ready.get(timeout=120)
+        gathered(ready, workers, 120)
         start = time.perf_counter()  # CLOCK_MONOTONIC: the children's clock too
         go.set()
-        ends = [done.get(timeout=600) for _ in workers]
+        ends = gathered(done, workers, 600)
     finally:
         for worker in workers:
             worker.join(timeout=60)
     failed = [worker.exitcode for worker in workers if worker.exitcode != 0]
     assert not failed, f"agent processes exited with {failed}"
     return AGENTS * batch / (max(ends) - start)
+
+
+def gathered(queue: Any, workers: list[Any], timeout: float) -> list[Any]:
+    """One item from each worker through `queue`, failing at once if a worker died first."""
+    items: list[Any] = []
+    deadline = time.monotonic() + timeout
+    while len(items) < len(workers):
+        try:
+            items.append(queue.get(timeout=0.2))
+        except queue_module.Empty:
+            dead = [w.exitcode for w in workers if w.exitcode not in (None, 0)]
+            assert not dead, f"agent processes exited with {dead}"
+            assert time.monotonic() < deadline, "agent processes did not answer in time"
+    return items
 
 
 def agent_process(root: str, task: str, batch: int, signals: tuple[Any, Any, Any]) -> None:
