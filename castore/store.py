@@ -210,28 +210,21 @@ class Store(Reading):
         """Start task `task_id`, or resume it if it exists: what a worker calls on (re)start.
         With `plan_id` instead of `plan` (see `resume`), a new task starts with the plan of
         that id, which must be in the store already (`put_plan`)."""
-        self._expected_plan(plan, plan_id, check=False)
+        _require_plan_or_id(plan, plan_id)
         if self._slots(task_id).started():
             return self.resume(task_id, plan, plan_id=plan_id, **options)
+        if plan is None:
+            plan = self._stored_plan(task_id, typing.cast(str, plan_id))
         try:
-            return self.start(task_id, plan or self._stored_plan(task_id, str(plan_id)), **options)
+            return self.start(task_id, plan, **options)
         except TaskExistsError:
             return self.resume(task_id, plan, plan_id=plan_id, **options)
 
-    def _expected_plan(
-        self, plan: Plan | None, plan_id: str | None, *, check: bool = True
-    ) -> tuple[str, Plan] | None:
+    def _expected_plan(self, plan: Plan | None, plan_id: str | None) -> tuple[str, Plan] | None:
         """(digest, plan) of a caller's plan, validated; None when the caller named the
-        task's plan by `plan_id` instead (UsageError unless exactly one of them is given)."""
-        if (plan is None) == (plan_id is None):
-            raise UsageError(
-                "give the task's plan or its plan_id (not both, not neither): "
-                "resume(task, plan) or resume(task, plan_id=run.plan_id)"
-            )
+        task's plan by `plan_id` instead."""
+        _require_plan_or_id(plan, plan_id)
         if plan is None:
-            validate_object_id(plan_id)
-            return None
-        if not check:
             return None
         validate_plan(plan)
         self._require_fixed_in_v1(plan)
@@ -430,6 +423,18 @@ class Store(Reading):
 
 
 _STORE_OPTIONS = frozenset({"snapshot_budget", "clock"})
+
+
+def _require_plan_or_id(plan: Plan | None, plan_id: str | None) -> None:
+    """UsageError unless exactly one of `plan` and `plan_id` is given; a plan_id that is
+    not an object id is refused before it names a file."""
+    if (plan is None) == (plan_id is None):
+        raise UsageError(
+            "give the task's plan or its plan_id (not both, not neither): "
+            "resume(task, plan) or resume(task, plan_id=run.plan_id)"
+        )
+    if plan_id is not None:
+        validate_object_id(plan_id)
 
 
 def _medium_options(options: dict[str, Any]) -> dict[str, Any]:

@@ -121,7 +121,9 @@ _PAUSE_ABOVE = 1 << 20  # bytes of body
 def _collector_paused(size: int) -> Iterator[None]:
     """The cyclic collector off while a large body (a long plan) is built: its objects are
     new, so every pass would walk them all again (a 5 MB plan decodes in ~35 ms paused,
-    ~135 ms not). Left as the caller had it; a small body is not worth the global switch."""
+    ~135 ms not). Left as the caller had it; a small body is not worth the global switch.
+    The switch is process-wide: another thread that disables the collector meanwhile finds
+    it enabled again when this decode ends."""
     if size <= _PAUSE_ABOVE or not gc.isenabled():
         yield
         return
