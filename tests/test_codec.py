@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import enum
+import json
 import math
 from typing import Any
 
@@ -89,6 +90,32 @@ def test_keys_are_sorted_by_code_point(value: dict[str, int]) -> None:
     """Object keys appear in code point order in the encoded bytes."""
     decoded_order = list(codec.decode_value(codec.encode_value(value)))
     assert sorted(value) == decoded_order
+
+
+JSON_DEFINITION = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
+# Every code point but the surrogates, and floats on both sides of the exponent boundaries.
+ANY_CHAR = st.characters(blacklist_categories=("Cs",))
+TEXTS = st.text(ANY_CHAR)
+EDGE_FLOATS = st.sampled_from([1e16, 9999999999999998.0, 1e-4, 9.999e-5, 5e-324, -0.0, 1e308])
+WIDE_VALUES = st.recursive(
+    st.none() | st.booleans() | INT64 | FLOATS | EDGE_FLOATS | TEXTS,
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(TEXTS, inner, max_size=5),
+    max_leaves=25,
+)
+
+
+@given(WIDE_VALUES)
+def test_the_c_encoder_writes_exactly_the_json_definition(value: Any) -> None:
+    """encode_value writes through msgspec unless a float needs json's exponent text: either
+    way the bytes are the ones json.dumps with the canonical options writes (its definition)."""
+    assert codec.encode_value(value) == JSON_DEFINITION.encode(value).encode("utf-8")
+
+
+def test_floats_with_an_exponent_keep_json_text() -> None:
+    """msgspec writes 1e16 where the canonical text (Python's repr) is 1e+16."""
+    assert codec.encode_value([1e16, 1e-05, 0.5]) == b"[1e+16,1e-05,0.5]"
 
 
 def test_encoding_is_compact_utf8_json() -> None:

@@ -21,7 +21,7 @@ from cattrs.gen import make_dict_unstructure_fn, override
 
 from castore.errors import EncodingError, FormatVersionError, ObjectTooLargeError
 from castore.format import limits
-from castore.format.fastdecode import decode_canonical_value, too_deep
+from castore.format.fastdecode import decode_canonical_value, encode_sorted, too_deep
 from castore.format.model import attrs
 from castore.format.records import EffectState, TransitionKind, omitted_fields
 
@@ -142,27 +142,38 @@ def _check_str(text: str, path: str) -> None:
         raise EncodingError(path, "string contains a lone surrogate") from None
 
 
-def _plain(value: object) -> bool:
-    """True if json.dumps cannot coerce anything in `value` silently: exact JSON types, str
-    keys, 64-bit ints. Iterative and path-free: the fast path of every commit."""
+# What `_plain_kind` finds: not plain (the walks below name what is wrong), plain, or plain
+# with a float whose text json and msgspec write differently (an exponent: 1e+16 against 1e16).
+_NOT_PLAIN, _PLAIN, _PLAIN_EXPONENT = 0, 1, 2
+
+
+def _plain_kind(value: object) -> int:
+    """Whether json.dumps and msgspec can coerce nothing in `value` silently: exact JSON types,
+    str keys, 64-bit ints; and whether msgspec writes its floats as json does. Iterative and
+    path-free: the fast path of every commit."""
+    kind_found = _PLAIN
     stack = [value]
     while stack:
         item = stack.pop()
         kind = type(item)
-        if kind is str or kind is float or kind is bool or item is None:
-            continue  # NaN and lone surrogates make json.dumps / encode raise below
-        if kind is int:
+        if kind is str or kind is bool or item is None:
+            continue  # lone surrogates make the encoders raise below
+        if kind is float:
+            if not math.isfinite(item) or "e" in repr(item):  # type: ignore[arg-type]
+                kind_found = _PLAIN_EXPONENT
+        elif kind is int:
             if not INT_MIN <= item <= INT_MAX:  # type: ignore[operator]
-                return False
+                return _NOT_PLAIN
         elif kind is list or kind is tuple:
             stack.extend(item)  # type: ignore[arg-type]
         elif kind is dict:
-            if any(type(key) is not str for key in item):  # type: ignore[attr-defined]
-                return False
+            for key in item:  # type: ignore[attr-defined]  # a loop: half of any()'s cost
+                if type(key) is not str:
+                    return _NOT_PLAIN
             stack.extend(item.values())  # type: ignore[attr-defined]
         else:
-            return False
-    return True
+            return _NOT_PLAIN
+    return kind_found
 
 
 # json.dumps with these options builds this same encoder anew at every call: built once.
@@ -173,19 +184,30 @@ _ENCODER = json.JSONEncoder(
 
 def encode_value(value: object) -> bytes:
     """Canonical bytes of `value`: compact JSON, keys sorted by code point, UTF-8; at most
-    MAX_DEPTH lists and dicts deep."""
-    if _plain(value):
-        try:
-            data = _ENCODER.encode(value).encode("utf-8")
-        except (ValueError, UnicodeEncodeError, RecursionError):
-            pass  # NaN, infinity, a lone surrogate, deep nesting: the walks below name it
-        else:
-            # Each list or dict opens one bracket: few brackets, no need to measure depth.
-            if data.count(b"[") + data.count(b"{") <= MAX_DEPTH or not too_deep(value, MAX_DEPTH):
-                return data
+    MAX_DEPTH lists and dicts deep. msgspec writes them (in C) unless a float has an exponent,
+    which json's text defines (`fastdecode` says why the two agree everywhere else)."""
+    kind = _plain_kind(value)
+    if kind != _NOT_PLAIN:
+        data = encode_sorted(value) if kind == _PLAIN else None
+        if data is None:
+            data = _json_bytes(value)
+        # Each list or dict opens one bracket: few brackets, no need to measure depth.
+        if data is not None and (
+            data.count(b"[") + data.count(b"{") <= MAX_DEPTH or not too_deep(value, MAX_DEPTH)
+        ):
+            return data
     check_depth(value)
     _check(value, "$")
     raise EncodingError("$", "a value json.dumps refused")  # _check always raises first
+
+
+def _json_bytes(value: object) -> bytes | None:
+    """json's canonical bytes of `value`; None for NaN, infinity, a lone surrogate or deep
+    nesting (the walks of encode_value then name what is wrong)."""
+    try:
+        return _ENCODER.encode(value).encode("utf-8")
+    except (ValueError, UnicodeEncodeError, RecursionError):
+        return None
 
 
 _TOO_DEEP = f"it nests lists and dicts more than {MAX_DEPTH} deep (castore's limit)"

@@ -64,12 +64,17 @@ _UNSURE = (msgspec.MsgspecError, _NotPlain, ValueError, TypeError, OverflowError
 _ENCODER = msgspec.json.Encoder(order="sorted")
 
 
-def encode_sorted(value: object) -> bytes:
-    """msgspec's sorted-key compact JSON of `value`, attrs records included. It is the
-    canonical encoding (module docstring) when `value` holds only exact strs, bools, None,
-    tuples, lists, dicts with str keys and records of them (no float, no int): the caller
-    sees to that. In C: a plan of 100,000 steps in ~30 ms instead of ~1 s through cattrs."""
-    return _ENCODER.encode(value)
+def encode_sorted(value: object) -> bytes | None:
+    """msgspec's sorted-key compact JSON of `value`, attrs records included; None where msgspec
+    refuses it (a lone surrogate, deep nesting). It is the canonical encoding (module
+    docstring) when `value` holds only exact strs, bools, None, 64-bit ints, floats whose
+    canonical text has no exponent, tuples, lists, dicts with str keys and records of them:
+    the caller sees to that. In C: a plan of 100,000 steps in ~30 ms instead of ~1 s through
+    cattrs, a snapshot in ~1 µs instead of ~8."""
+    try:
+        return _ENCODER.encode(value)
+    except _UNSURE:
+        return None
 
 
 _DECODERS: dict[object, Callable[[bytes], Any]] = {}

@@ -152,9 +152,8 @@ def _plan_pieces(plan: Plan, *, plain: bool | None = None) -> list[bytes | memor
         plain = _plain_steps(plan.steps)
     if not plain or plan.grows not in (None, True):
         return [_general_bytes(plan, version)]
-    try:
-        steps = _encoded_steps(plan.steps)
-    except UnicodeEncodeError:  # a lone surrogate: the general path says where
+    steps = _encoded_steps(plan.steps)
+    if steps is None:  # a lone surrogate: the general path says where
         return [_general_bytes(plan, version)]
     head = b'{%s"meta":%s,"name":%s,"steps":' % (
         b'"grows":true,' if plan.grows else b"",
@@ -169,14 +168,16 @@ def _general_bytes(plan: Plan, version: int | None) -> bytes:
     return codec.frame("plan", codec.encode_value(codec.to_builtins(plan)), version)
 
 
-def _encoded_steps(steps: tuple[Step, ...]) -> list[bytes | memoryview]:
+def _encoded_steps(steps: tuple[Step, ...]) -> list[bytes | memoryview] | None:
     """`steps` as one JSON array, in pieces of at most _SLICE steps: never a copy of the
-    whole (a plan of 1,000,000 steps is 50 MB)."""
+    whole (a plan of 1,000,000 steps is 50 MB); None where msgspec refuses a step."""
     if not steps:
         return [b"[]"]
     pieces: list[bytes | memoryview] = []
     for start in range(0, len(steps), _SLICE):
         encoded = encode_sorted(steps[start : start + _SLICE])  # b"[...]"
+        if encoded is None:
+            return None
         pieces += [b"," if pieces else b"[", memoryview(encoded)[1:-1]]
     return [*pieces, b"]"]
 
