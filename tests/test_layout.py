@@ -581,3 +581,23 @@ def test_temp_names_carry_host_and_pid_and_are_hidden() -> None:
         parsed[1],
         layout.is_object_name(name),
     )
+
+
+def test_temp_names_are_unique_in_a_process_and_new_in_a_forked_child() -> None:
+    """One host look-up and one random draw per process: the names count up from there, and
+    a forked child (a new pid) starts its own prefix and random start."""
+    names = [layout.temp_name() for _ in range(10_000)]
+    assert len(set(names)) == len(names)
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child writes its first name and leaves at once
+        os.write(write_end, layout.temp_name().encode())
+        os._exit(0)
+    os.close(write_end)
+    os.waitpid(child, 0)
+    child_name = os.read(read_end, 200).decode()
+    os.close(read_end)
+    parsed = layout.parse_temp_name(child_name)
+    assert parsed is not None
+    assert child == parsed[1]
+    assert child_name[-12:] not in {name[-12:] for name in names}

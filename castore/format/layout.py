@@ -7,11 +7,13 @@ hostile task id or object id is refused before any system call is made.
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import re
 import secrets
 import socket
 import unicodedata
+from typing import Any
 
 from castore.errors import InvalidObjectIdError, InvalidTaskIdError
 
@@ -184,10 +186,25 @@ def is_object_name(name: str) -> bool:
 
 def temp_name() -> str:
     """A temp file name that says who wrote it, so fsck and gc can classify leftovers."""
-    return f"{TMP_PREFIX}{_host_label(socket.gethostname())}-{os.getpid()}-{secrets.token_hex(6)}"
+    pid = os.getpid()
+    if _temp_names[0] != pid:  # first use, or a forked child: a new prefix and random start
+        label = _host_label(socket.gethostname())
+        _temp_names[:] = [pid, f"{TMP_PREFIX}{label}-{pid}-", itertools.count(_random48())]
+    _, prefix, counter = _temp_names
+    return f"{prefix}{next(counter) & _MASK48:012x}"
 
 
-@functools.lru_cache(maxsize=4)  # the host's name, asked at every commit, rarely changes
+# [pid, name prefix, counter]: one host look-up and one random draw per process, not per file
+# (a commit writes one temp file). The counter's next() is atomic under the GIL.
+_temp_names: list[Any] = [None, "", None]
+_MASK48 = (1 << 48) - 1
+
+
+def _random48() -> int:
+    return secrets.randbits(48)
+
+
+@functools.lru_cache(maxsize=4)
 def _host_label(host: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", host)[:64] or "host"
 
