@@ -140,13 +140,14 @@ class ChainClock:
         """With snapshot `seq` written at `time_ms` taken into account."""
         if self.latest_ms is not None and time_ms <= self.latest_ms:
             return self
-        return attrs.evolve(self, latest_ms=time_ms, latest_seq=seq)
+        # The constructor, not attrs.evolve (which looks the fields up): once per commit.
+        return ChainClock(time_ms, seq, self.backwards_ms, self.backwards_seq)
 
     def linked(self, parent_ms: int, seq: int, time_ms: int) -> ChainClock:
         """With snapshot `seq` (at `time_ms`) following a parent written at `parent_ms`."""
         clock = self.seen(seq, time_ms)
         if parent_ms - time_ms > clock.backwards_ms:
-            clock = attrs.evolve(clock, backwards_ms=parent_ms - time_ms, backwards_seq=seq)
+            clock = ChainClock(clock.latest_ms, clock.latest_seq, parent_ms - time_ms, seq)
         return clock
 
 

@@ -216,12 +216,13 @@ class RunCore:
             sealed=sealed or self._next_anchor(),
             grown=grown or self.head.grown,
         )
-        if snapshot_version(snapshot) > self._settings.version:
+        version = snapshot_version(snapshot)
+        if version > self._settings.version:
             raise UsageError(
                 f"task {self.task_id!r}: this commit writes format-2 records into a "
                 f"format-{self._settings.version} store; run `castore upgrade` first"
             )
-        data = encode_snapshot(snapshot, self._settings)
+        data = encode_snapshot(snapshot, self._settings, version)
         if not self._head_durable:
             if self._settings.version >= 2 and name_is_lost(self._objects, self.head_id):
                 # A power loss took HEAD's object name (v2 commits leave it unsynced): back

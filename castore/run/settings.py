@@ -70,15 +70,18 @@ class RunSettings:
         return self.env() if callable(self.env) else self.env
 
 
-def encode_snapshot(snapshot: Snapshot, settings: RunSettings) -> bytes:
-    """Snapshot bytes after the payload rules: no secrets, within the size budget."""
+def encode_snapshot(snapshot: Snapshot, settings: RunSettings, version: int | None = None) -> bytes:
+    """Snapshot bytes after the payload rules: no secrets, within the size budget.
+    `version`: snapshot_version(snapshot), when the caller has it already."""
     builtins = codec.to_builtins(snapshot)
     # Only the transition and effect records carry caller-supplied values; the rest are
     # castore's own ids and numbers, the task id and the env anchor (both judged where they
     # enter: refuse_recorded_secrets).
     guard.refuse_secrets(builtins["transition"], settings.allow_fields, "$.transition")
     guard.refuse_secrets(builtins["effects"], settings.allow_fields, "$.effects")
-    data = codec.frame("snapshot", codec.encode_value(builtins), snapshot_version(snapshot))
+    if version is None:
+        version = snapshot_version(snapshot)
+    data = codec.frame("snapshot", codec.encode_value(builtins), version)
     parts = {**builtins["transition"], "effects": builtins["effects"]}
     guard.check_size(data, parts, settings.snapshot_budget)
     return data
