@@ -20,7 +20,7 @@ linked into a pruned range takes its slot back and loses instead of being acknow
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from castore import crashpoints
 from castore.chain import sealmark
@@ -134,11 +134,13 @@ class TaskSlots:
     def read_fresh(self, seq: int) -> bytes:
         return self.medium.read_fresh(self.key(seq))
 
-    def prune(self, through: int) -> int:
+    def prune(self, through: int, known: Mapping[int, bytes] | None = None) -> int:
         """Retire every slot up to `through`, and remove the snapshot object each is a name of
         (a snapshot belongs to one task: nothing else names it). Only once the sealed mark says
         `through` (the caller moved it first): before that a stale writer's claim of a freed
-        name would be acknowledged. Idempotent; returns how many slots it retired."""
+        name would be acknowledged. `known`: the bytes the caller committed at some of these
+        seqs (the sealer holds them), not read back; whether the slot is still their object's
+        file is asked all the same. Idempotent; returns how many slots it retired."""
         mark = self.mark()
         if mark is None or mark.through < through:
             raise ValueError(f"slots up to {through} of {self.task_id!r} are not marked sealed")
@@ -148,7 +150,7 @@ class TaskSlots:
             seq = parse_slot_name(name)
             if seq is None or seq > through:
                 continue
-            object_name = self._prune_slot(self._prefix + name)
+            object_name = self._prune_slot(self._prefix + name, (known or {}).get(seq))
             if object_name is not None:
                 objects.append(object_name)
             removed += 1
@@ -160,13 +162,15 @@ class TaskSlots:
             self.medium.remove(object_name)
         return removed
 
-    def _prune_slot(self, slot: str) -> str | None:
+    def _prune_slot(self, slot: str, data: bytes | None) -> str | None:
         """Retire a slot; the key of its snapshot's object name if that is the same stored
-        file (the caller removes it once the slot's removal is durable), else None."""
-        try:
-            data = self.medium.read(slot)
-        except FileNotFoundError:
-            return None
+        file (the caller removes it once the slot's removal is durable), else None. `data`:
+        the bytes committed there, if the caller knows them (else they are read)."""
+        if data is None:
+            try:
+                data = self.medium.read(slot)
+            except FileNotFoundError:
+                return None
         object_name = object_key(hash_bytes(data))
         same = False
         if self.medium.aliases:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from castore import crashpoints
 from castore.chain import packs, sealmark
@@ -69,13 +69,13 @@ def build_packs(
     return Sealed(written[-1], through), written
 
 
-def prune(slots: TaskSlots, anchor: Sealed) -> None:
+def prune(slots: TaskSlots, anchor: Sealed, known: Mapping[int, bytes] | None = None) -> None:
     """Steps 3 and 4 of the protocol, for an anchor a durable commit carries: the mark (only
     ever moved forward, whoever moved it last), then the slots <= its `through` and their
-    snapshot objects."""
+    snapshot objects (`known`: the bytes of some, by seq, which need not be read back)."""
     slots.marks.advance(sealmark.Mark(anchor.pack, anchor.through))
     crashpoints.reach("seal.mark_written")
-    slots.prune(anchor.through)
+    slots.prune(anchor.through, known)
     crashpoints.reach("seal.pruned")
 
 
@@ -157,7 +157,9 @@ class Sealer:
         count = anchor.through - first + 1
         sealed, self._tail = self._tail[:count], self._tail[count:]
         self._parent, self._anchor, self._ready = sealed[-1], anchor, None
-        self._submit(lambda: prune(self._slots, anchor))
+        # The run committed these bytes: pruning need not read 4,096 slots back to name them.
+        known = dict(enumerate(sealed, start=first))
+        self._submit(lambda: prune(self._slots, anchor, known))
 
     def _build(self, chunk: list[bytes], anchor: Sealed | None, parent: bytes | None) -> None:
         newest, _ = build_packs(self._objects, chunk, anchor, parent, self._every)
