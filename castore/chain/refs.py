@@ -172,13 +172,7 @@ class TaskSlots:
             except FileNotFoundError:
                 return None
         object_name = object_key(hash_bytes(data))
-        same = False
-        if self.medium.aliases:
-            try:
-                inode = self.medium.stat(slot).inode
-                same = inode is not None and inode == self.medium.stat(object_name).inode
-            except FileNotFoundError:
-                same = False
+        same = self.medium.aliases and self.medium.same_file(slot, object_name)
         self.medium.retire(slot)
         return object_name if same else None
 

@@ -128,6 +128,15 @@ class Medium(abc.ABC):
     def stat(self, key: str) -> Entry:
         """What is known of `key` (FileNotFoundError if nothing is there)."""
 
+    def same_file(self, key: str, other: str) -> bool:
+        """True if `key` and `other` are two names of one stored file (an alias: `aliases`);
+        False if either is missing or they are two files. Pruning asks it of every slot."""
+        try:
+            inode = self.stat(key).inode
+            return inode is not None and inode == self.stat(other).inode
+        except FileNotFoundError:
+            return False
+
     # -- fsck's reads: what a file holds, and what it is -------------------------------------
     @abc.abstractmethod
     def read_entry(self, key: str, *, limit: int = MAX_OBJECT_SIZE) -> tuple[bytes, Entry]:
