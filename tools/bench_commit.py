@@ -21,7 +21,9 @@ seal). Then it times each phase alone in this thread, `batch` times, on the same
            mark, the object's name still there) and the sealer's share
 
 Keys are µs of CPU (user + system; `_user_us` user alone) per call, the median of rounds,
-each with its spread (`_min`, `_max`) over rounds. python_us_per_commit is the commit's user
+each with its spread (`_min`, `_max`) over rounds. commit_us is the whole process's CPU per
+commit; commit_thread_us the committing thread's alone, sealer_us the difference (the
+background thread's packing and pruning, per commit). python_us_per_commit is the commit's user
 CPU: the target of issue 26 is 60. The last lines are key=value pairs.
 """
 
@@ -55,21 +57,22 @@ import bench_contenders as c
 PHASES = ("commit", "record", "guard", "codec", "encode", "hash", "files")
 
 
-def cpu(call: Callable[[], object], batch: int, whole: bool = False) -> tuple[float, float]:
+def cpu(call: Callable[[], object], batch: int, whole: bool = False) -> tuple[float, ...]:
     """(user + system, user) µs of CPU per call of `call`: this thread's, or with `whole` the
-    process's (the sealer's thread included). The total from a CPU clock (exact), the user
-    share from getrusage (counted in scheduler ticks: only a long batch splits it well)."""
-    who, clock = resource.RUSAGE_THREAD, time.thread_time_ns
-    if whole:
-        who, clock = resource.RUSAGE_SELF, time.process_time_ns
-    before, started = resource.getrusage(who), clock()
+    process's (the sealer's thread included), then this thread's alone. The totals from CPU
+    clocks (exact), the user share from getrusage (counted in scheduler ticks: only a long
+    batch splits it well)."""
+    who = resource.RUSAGE_SELF if whole else resource.RUSAGE_THREAD
+    clock = time.process_time_ns if whole else time.thread_time_ns
+    before, started, alone = resource.getrusage(who), clock(), time.thread_time_ns()
     for _ in range(batch):
         call()
     spent, after = clock() - started, resource.getrusage(who)
+    alone = time.thread_time_ns() - alone
     user = after.ru_utime - before.ru_utime
     system = after.ru_stime - before.ru_stime
     share = user / (user + system) if user + system > 0 else 1.0
-    return spent / 1000 / batch, share * spent / 1000 / batch
+    return spent / 1000 / batch, share * spent / 1000 / batch, alone / 1000 / batch
 
 
 class Phases:
@@ -128,14 +131,14 @@ class Phases:
         self.medium.claim(f"slots/{self.claimed:016d}", data, alias_of=name, alias_durable=False)
         self.medium.flush_dir("slots")
 
-    def round(self, batch: int) -> dict[str, tuple[float, float]]:
+    def round(self, batch: int) -> dict[str, tuple[float, ...]]:
         self._data = self.encode()
         self._built = codec.to_builtins(self.run.head)
         measured = {"commit": cpu(self.commit, batch, whole=True)}
         for name in PHASES[1:]:
             measured[name] = cpu(getattr(self, name), batch)
         # The hash is the phase-alone timing of a call the files phase repeats: take it out.
-        total, user = measured["files"]
+        total, user, _ = measured["files"]
         measured["files"] = (total - measured["hash"][0], user - measured["hash"][1])
         return measured
 
@@ -166,6 +169,8 @@ def main() -> int:
         put(f"{name}_user_us", [r[name][1] for r in rounds])
     parts = ("record", "encode", "hash", "files")
     put("rest_us", [r["commit"][0] - sum(r[p][0] for p in parts) for r in rounds])
+    put("commit_thread_us", [r["commit"][2] for r in rounds])
+    put("sealer_us", [r["commit"][0] - r["commit"][2] for r in rounds])
     put("python_us_per_commit", [r["commit"][1] for r in rounds])
     out["rounds"], out["batch"] = args.rounds, args.batch
     out["load1_start"], out["load1_end"] = load_start, os.getloadavg()[0]
