@@ -37,7 +37,7 @@ from castore.lab.service import read_ledger
 from castore.medium.s3 import VERDICT_KEY, S3Medium
 
 __all__ = ["children"]  # a fixture, imported for the tests below
-ROUNDS = 25
+ROUNDS = 12  # each round is a resume and a commit per process: about 1 s on RGW
 
 
 def test_a_plain_commit_is_one_request(s3: S3Endpoint) -> None:
