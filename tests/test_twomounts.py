@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import twomounts
-from helpers import read_line
+from helpers import read_line, wait_for
 from twomounts import Reaper, start_time
 
 TESTS = str(Path(__file__).parent)
@@ -128,13 +128,15 @@ def test_every_daemon_is_stopped_when_the_body_fails(registry: Path, tmp_path: P
     state = tmp_path / "state"
     (state / "run").mkdir(parents=True)
     pids: list[int] = []
-    ignoring = ["sh", "-c", "trap '' TERM; while :; do sleep 0.1; done"]
+    ignoring = ["sh", "-c", "trap '' TERM; echo trapped; while :; do sleep 0.1; done"]
     reaper = Reaper("fake", state, grace=0.5)
 
     def failing_body() -> None:
         with reaper:
             pids.append(reaper.popen(["sleep", "300"], state / "a.log"))
             pids.append(reaper.popen(ignoring, state / "b.log"))
+            # Under load the shell may not have run `trap` yet: a TERM then would kill it.
+            wait_for(lambda: b"trapped" in (state / "b.log").read_bytes(), what="the trap")
             assert (registry / "fake.json").exists()
             raise RuntimeError("boom")
 
