@@ -42,8 +42,8 @@ from twomounts import TwoMounts
 
 import castore
 import castore.maintenance.gc
-from castore.doctor import settings as doctor_settings
 from castore.cli import main
+from castore.doctor import settings as doctor_settings
 from castore.lab.campaign import Settings, campaign
 from castore.lab.service import read_ledger
 
