@@ -150,7 +150,7 @@ ENGINE_GROUPS = {
 
 
 def xdist_group(item: pytest.Item) -> str | None:
-    """The group `item` must run in under pytest-xdist (addopts: -n 2 --dist loadgroup), or
+    """The group `item` must run in under pytest-xdist (addopts: -n 3 --dist loadgroup), or
     None: anywhere. A test module's own module-scoped fixture (a power-loss exploration, a
     template store) is also built once, by keeping that module's users on one worker."""
     callspec = getattr(item, "callspec", None)
