@@ -601,3 +601,25 @@ def test_temp_names_are_unique_in_a_process_and_new_in_a_forked_child() -> None:
     assert parsed is not None
     assert child == parsed[1]
     assert child_name[-12:] not in {name[-12:] for name in names}
+
+
+def test_a_forked_child_with_its_parents_pid_does_not_repeat_its_parents_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A child whose pid equals the one its inherited state was made under (pid 1 forked into
+    a new PID namespace, a reused pid) still draws a new start: the reset is at fork, not
+    by pid."""
+    layout.temp_name()
+    read_end, write_end = os.pipe()
+    parent_pid = os.getpid()
+    child = os.fork()
+    if child == 0:
+        monkeypatch.setattr(os, "getpid", lambda: parent_pid)  # as if the pid were the same
+        os.write(write_end, layout.temp_name().encode())
+        os._exit(0)
+    os.close(write_end)
+    os.waitpid(child, 0)
+    child_name = os.read(read_end, 200).decode()
+    os.close(read_end)
+    assert child_name.startswith(f"{layout.TMP_PREFIX}") and f"-{parent_pid}-" in child_name
+    assert child_name != layout.temp_name()  # the parent's next name is not the child's

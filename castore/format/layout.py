@@ -198,6 +198,9 @@ def temp_name() -> str:
 # (a commit writes one temp file). The counter's next() is atomic under the GIL.
 _temp_names: list[Any] = [None, "", None]
 _MASK48 = (1 << 48) - 1
+# A forked child starts anew even when its pid is its parent's (pid 1 in a new PID namespace,
+# a reused pid): else it would write its parent's next names.
+os.register_at_fork(after_in_child=lambda: _temp_names.__setitem__(0, None))
 
 
 def _random48() -> int:
