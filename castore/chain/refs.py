@@ -146,11 +146,12 @@ class TaskSlots:
             raise ValueError(f"slots up to {through} of {self.task_id!r} are not marked sealed")
         objects: list[str] = []
         removed = 0
+        known = known or {}
         for name in self.medium.names(self.chain_key):
             seq = parse_slot_name(name)
             if seq is None or seq > through:
                 continue
-            object_name = self._prune_slot(self._prefix + name, (known or {}).get(seq))
+            object_name = self._prune_slot(self._prefix + name, known.get(seq))
             if object_name is not None:
                 objects.append(object_name)
             removed += 1

@@ -6,7 +6,6 @@ hostile task id or object id is refused before any system call is made.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import os
 import re
@@ -187,9 +186,9 @@ def is_object_name(name: str) -> bool:
 def temp_name() -> str:
     """A temp file name that says who wrote it, so fsck and gc can classify leftovers."""
     pid = os.getpid()
-    if _temp_names[0] != pid:  # first use, or a forked child: a new prefix and random start
+    if _temp_names[0] != pid:  # first use in this process (a fork resets it): a new start
         label = _host_label(socket.gethostname())
-        _temp_names[:] = [pid, f"{TMP_PREFIX}{label}-{pid}-", itertools.count(_random48())]
+        _temp_names[:] = [pid, f"{TMP_PREFIX}{label}-{pid}-", itertools.count(secrets.randbits(48))]
     _, prefix, counter = _temp_names
     return f"{prefix}{next(counter) & _MASK48:012x}"
 
@@ -203,11 +202,6 @@ _MASK48 = (1 << 48) - 1
 os.register_at_fork(after_in_child=lambda: _temp_names.__setitem__(0, None))
 
 
-def _random48() -> int:
-    return secrets.randbits(48)
-
-
-@functools.lru_cache(maxsize=4)
 def _host_label(host: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", host)[:64] or "host"
 
