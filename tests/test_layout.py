@@ -583,43 +583,41 @@ def test_temp_names_carry_host_and_pid_and_are_hidden() -> None:
     )
 
 
+def _first_temp_name_in_a_forked_child(pid_seen: int | None = None) -> tuple[int, str]:
+    """(the child's pid, the first temp name a forked child makes); `pid_seen`: the pid the
+    child's os.getpid() answers, as if it were that one."""
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child writes its first name and leaves at once
+        if pid_seen is not None:
+            os.getpid = lambda: pid_seen
+        os.write(write_end, layout.temp_name().encode())
+        os._exit(0)
+    os.close(write_end)
+    os.waitpid(child, 0)
+    name = os.read(read_end, 200).decode()
+    os.close(read_end)
+    return child, name
+
+
 def test_temp_names_are_unique_in_a_process_and_new_in_a_forked_child() -> None:
     """One host look-up and one random draw per process: the names count up from there, and
     a forked child (a new pid) starts its own prefix and random start."""
     names = [layout.temp_name() for _ in range(10_000)]
     assert len(set(names)) == len(names)
-    read_end, write_end = os.pipe()
-    child = os.fork()
-    if child == 0:  # the child writes its first name and leaves at once
-        os.write(write_end, layout.temp_name().encode())
-        os._exit(0)
-    os.close(write_end)
-    os.waitpid(child, 0)
-    child_name = os.read(read_end, 200).decode()
-    os.close(read_end)
+    child, child_name = _first_temp_name_in_a_forked_child()
     parsed = layout.parse_temp_name(child_name)
     assert parsed is not None
     assert child == parsed[1]
     assert child_name[-12:] not in {name[-12:] for name in names}
 
 
-def test_a_forked_child_with_its_parents_pid_does_not_repeat_its_parents_names(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_forked_child_with_its_parents_pid_does_not_repeat_its_parents_names() -> None:
     """A child whose pid equals the one its inherited state was made under (pid 1 forked into
     a new PID namespace, a reused pid) still draws a new start: the reset is at fork, not
     by pid."""
     layout.temp_name()
-    read_end, write_end = os.pipe()
     parent_pid = os.getpid()
-    child = os.fork()
-    if child == 0:
-        monkeypatch.setattr(os, "getpid", lambda: parent_pid)  # as if the pid were the same
-        os.write(write_end, layout.temp_name().encode())
-        os._exit(0)
-    os.close(write_end)
-    os.waitpid(child, 0)
-    child_name = os.read(read_end, 200).decode()
-    os.close(read_end)
+    _, child_name = _first_temp_name_in_a_forked_child(pid_seen=parent_pid)
     assert f"-{parent_pid}-" in child_name
     assert child_name != layout.temp_name()  # the parent's next name is not the child's
