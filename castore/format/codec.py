@@ -2,28 +2,29 @@
 
 Same value, same bytes, same object id. The data model is JSON's minus its ambiguities:
 None, bool, signed 64-bit int, finite float, str (valid unicode), list (tuples encode as
-lists) and dict with str keys. Records (attrs classes) go through cattrs; this module and
-`records` are the only ones that know cattrs exists.
+lists) and dict with str keys. Records (attrs classes) go through cattrs; this module is the
+only one that knows cattrs exists, and imports it at the first record it converts.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import math
 import re
 import typing
 from collections.abc import Callable
-from typing import Any, TypeVar
-
-import cattrs
-from cattrs.gen import make_dict_unstructure_fn, override
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from castore.errors import EncodingError, FormatVersionError, ObjectTooLargeError
 from castore.format import limits
 from castore.format.fastdecode import decode_canonical_value, encode_sorted, too_deep
 from castore.format.model import attrs
 from castore.format.records import EffectState, TransitionKind, omitted_fields
+
+if TYPE_CHECKING:
+    import cattrs
 
 # The version a new store's marker names. An object's header names the lowest version whose
 # reader understands it (docs/FORMAT.md §18): records that use only v1 fields keep their v1
@@ -42,24 +43,9 @@ T = TypeVar("T")
 E = TypeVar("E", bound=enum.Enum)
 _NUMBER = re.compile(rb"0|[1-9][0-9]*")  # canonical decimal: no sign, no leading zero
 
-converter = cattrs.Converter(forbid_extra_keys=True)
-# StrEnum members are str subclasses, which cattrs passes through as they are; the encoder
-# accepts exact types only, so each enum of the schema unstructures to its plain value.
-for _enum in (EffectState, TransitionKind):
-    converter.register_unstructure_hook(_enum, lambda member: str(member.value))
-
 
 def _has_omitted(cls: object) -> bool:
     return isinstance(cls, type) and attrs.has(cls) and bool(omitted_fields(cls))
-
-
-def _omitting_unstructure(cls: Any) -> Callable[[Any], dict[str, Any]]:
-    """Records with v2 fields leave them out while None: their v1 bytes stay the same."""
-    overrides = {name: override(omit_if_default=True) for name in omitted_fields(cls)}
-    return make_dict_unstructure_fn(cls, converter, **overrides)  # type: ignore[arg-type]
-
-
-converter.register_unstructure_hook_factory(_has_omitted, _omitting_unstructure)
 
 
 def _exact(cls: type[T]) -> Callable[[object, type[T]], T]:
@@ -73,10 +59,6 @@ def _exact(cls: type[T]) -> Callable[[object, type[T]], T]:
     return structure
 
 
-for _scalar in (int, str, bool, float):
-    converter.register_structure_hook(_scalar, _exact(_scalar))
-
-
 def _enum_hook(cls: type[E]) -> Callable[[object, type[E]], E]:
     def structure(value: object, _: type[E]) -> E:
         if type(value) is not str:
@@ -86,27 +68,46 @@ def _enum_hook(cls: type[E]) -> Callable[[object, type[E]], E]:
     return structure
 
 
-for _enum in (EffectState, TransitionKind):
-    converter.register_structure_hook(_enum, _enum_hook(_enum))
-
-
 def _is_sequence_type(cls: object) -> bool:
     return typing.get_origin(cls) is tuple and typing.get_args(cls)[-1:] == (Ellipsis,)
 
 
-def _sequence_hook(cls: Any) -> Callable[[object, Any], tuple[Any, ...]]:
-    """tuple[X, ...] fields come from JSON arrays only (cattrs would split "ab" into a, b)."""
-    item = typing.get_args(cls)[0]
+@functools.cache
+def _converter() -> cattrs.Converter:
+    """The converter between records and plain data, built at its first use: importing
+    cattrs and building its hooks is ~45 ms that a reader which only decodes (`castore
+    status`, resume through msgspec) never needs."""
+    import cattrs  # noqa: PLC0415 - see above
+    from cattrs.gen import make_dict_unstructure_fn, override  # noqa: PLC0415
 
-    def structure(value: object, _: object) -> tuple[Any, ...]:
-        if type(value) is not list:
-            raise TypeError(f"expected a list, found {type(value).__name__} {value!r}")
-        return tuple(converter.structure(element, item) for element in value)
+    converter = cattrs.Converter(forbid_extra_keys=True)
+    # StrEnum members are str subclasses, which cattrs passes through as they are; the
+    # encoder accepts exact types only, so each enum of the schema unstructures to its value.
+    for enum_type in (EffectState, TransitionKind):
+        converter.register_unstructure_hook(enum_type, lambda member: str(member.value))
+        converter.register_structure_hook(enum_type, _enum_hook(enum_type))
 
-    return structure
+    def omitting_unstructure(cls: Any) -> Callable[[Any], dict[str, Any]]:
+        """Records with v2 fields leave them out while None: their v1 bytes stay the same."""
+        overrides = {name: override(omit_if_default=True) for name in omitted_fields(cls)}
+        return make_dict_unstructure_fn(cls, converter, **overrides)  # type: ignore[arg-type]
 
+    def sequence_hook(cls: Any) -> Callable[[object, Any], tuple[Any, ...]]:
+        """tuple[X, ...] fields come from JSON arrays only (cattrs would split "ab" in two)."""
+        item = typing.get_args(cls)[0]
 
-converter.register_structure_hook_factory(_is_sequence_type, _sequence_hook)
+        def structure(value: object, _: object) -> tuple[Any, ...]:
+            if type(value) is not list:
+                raise TypeError(f"expected a list, found {type(value).__name__} {value!r}")
+            return tuple(converter.structure(element, item) for element in value)
+
+        return structure
+
+    converter.register_unstructure_hook_factory(_has_omitted, omitting_unstructure)
+    for scalar in (int, str, bool, float):
+        converter.register_structure_hook(scalar, _exact(scalar))
+    converter.register_structure_hook_factory(_is_sequence_type, sequence_hook)
+    return converter
 
 
 def _check(value: object, path: str) -> None:
@@ -367,7 +368,7 @@ def unframe(data: bytes, where: str = "object") -> tuple[str, bytes]:
 def to_builtins(record: object) -> Any:
     """A record as plain data (dicts and lists), ready for `encode_value`."""
     try:
-        return converter.unstructure(record)
+        return _converter().unstructure(record)
     except RecursionError:  # cattrs recurses into results: far beyond MAX_DEPTH
         raise EncodingError("$", _TOO_DEEP, _FLATTEN) from None
 
@@ -378,8 +379,10 @@ class SchemaError(ValueError):
 
 def from_builtins(data: object, cls: type[T]) -> T:
     """Build a record from plain data; SchemaError names the first field that does not fit."""
+    import cattrs  # noqa: PLC0415 - loaded by the converter: a dictionary lookup from here
+
     try:
-        return converter.structure(data, cls)
+        return _converter().structure(data, cls)
     except (cattrs.BaseValidationError, TypeError, ValueError, KeyError) as exc:
         if isinstance(exc, cattrs.BaseValidationError):
             detail = "; ".join(cattrs.transform_error(exc, path=cls.__name__)[:3])

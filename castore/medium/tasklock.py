@@ -12,8 +12,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-
-import filelock
+from typing import TYPE_CHECKING
 
 from castore.errors import TaskBusyError
 from castore.medium import oserrors
@@ -21,16 +20,23 @@ from castore.medium import oserrors
 LOCK_MODE = 0o664  # group members share a store
 _NO_FLOCK = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP}
 
+if TYPE_CHECKING:
+    import filelock
+
 
 class TaskLock:
     """A held or not-yet-held lock on one task."""
 
     def __init__(self, path: str, task_id: str) -> None:
+        # Imported by the first lock (with logging, ~20 ms): a reader never takes one.
+        import filelock  # noqa: PLC0415
+
+        self._filelock = filelock
         self._task_id = task_id
         self._path = path
         # Never delete the lock file (unlinking splits waiters across inodes), and never fall
         # back to filelock's soft lock, which a crashed holder on another host would wedge.
-        self._lock = filelock.FileLock(
+        self._lock: filelock.FileLock = filelock.FileLock(
             path,
             mode=LOCK_MODE,
             thread_local=False,
@@ -43,7 +49,7 @@ class TaskLock:
         filesystem has no flock at all (then the commit point alone keeps commits safe)."""
         try:
             self._lock.acquire(timeout=timeout)
-        except filelock.Timeout:
+        except self._filelock.Timeout:
             raise TaskBusyError(self._task_id, timeout) from None
         except NotImplementedError:
             return False
