@@ -17,7 +17,12 @@ from hypothesis import strategies as st
 
 from castore.errors import EncodingError
 from castore.format import codec
-from castore.format.fastdecode import canonical_view, decode_canonical, decode_canonical_value
+from castore.format.fastdecode import (
+    canonical_view,
+    decode_canonical,
+    decode_canonical_value,
+    may_hold_a_long_number,
+)
 from castore.format.records import (
     EffectRecord,
     EffectState,
@@ -254,6 +259,35 @@ def test_ints_at_the_64_bit_edges_in_typed_fields_and_in_results(number: int, fi
         assert body != base
         view = assert_view_agrees(body, Snapshot)
         assert (view is not None) == fits, body
+
+
+@pytest.mark.parametrize(
+    ("body", "long"),
+    [
+        (b'{"n":12345678901234567890}', True),
+        (b'{"n":[1,-1234567890123456789]}', True),
+        (b"1234567890123456789", True),  # a bare number: the body's first bytes
+        (b'{"n":1.1234567890123456789}', True),  # after a point: maybe not, but unsure
+        (b'{"n":123456789012345678}', False),  # 18 digits: always a 64-bit int
+        (b'{"id":"f1234567890123456789012ab"}', False),  # digits after a letter: in a string
+        (b'{"id":"1234567890123456789012ab"}', False),  # after a quote: in a string
+        (b'{"t":"order 1234567890123456789"}', True),  # after a space in a string: unsure
+        (b'{"t":"\xc3\xa91234567890123456789"}', True),  # after a non-ASCII byte: unsure
+    ],
+)
+def test_only_a_digit_run_that_may_be_a_number_sends_a_body_to_the_strict_path(
+    body: bytes, long: bool
+) -> None:
+    assert may_hold_a_long_number(body) is long
+
+
+def test_a_hex_id_holding_nineteen_digits_in_a_row_takes_the_fast_path() -> None:
+    parent = "1234567890123456789012" + "ab" * 21
+    record = snapshot(parent=parent, plan="c" + "9" * 40 + "d" * 23)
+    body = body_of(record)
+    assert b"1234567890123456789" in body
+    assert b"9" * 40 in body
+    assert assert_agrees(body, Snapshot) == record
 
 
 @attrs.frozen
