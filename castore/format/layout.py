@@ -38,6 +38,9 @@ _OBJECT_ID = re.compile(r"[0-9a-f]{64}")
 # filesystems and can never be '.', '..' or hidden.
 _SAFE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-_")
 _ENCODED_TASK = re.compile(r"(?:[a-z0-9_-]|%[0-9A-F]{2})+")
+# An id of safe characters only is its own directory name (most ids: `castore status` maps
+# every task both ways, ~25 µs a task by the general path).
+_PLAIN_TASK = re.compile(rf"[a-z0-9_-]{{1,{MAX_TASK_ID_BYTES}}}")
 
 
 def validate_object_id(object_id: object) -> str:
@@ -79,6 +82,8 @@ def encode_task_id(task_id: object) -> str:
     spelling of its look, so one visible name is one task. An id that is not NFC is refused,
     never normalised: normalising would move existing tasks to other directories.
     """
+    if type(task_id) is str and _PLAIN_TASK.fullmatch(task_id):
+        return task_id
     if not isinstance(task_id, str):
         raise InvalidTaskIdError(task_id, "a task id is a str")
     if not task_id:
@@ -111,6 +116,8 @@ def encode_task_id(task_id: object) -> str:
 
 def decode_task_id(name: str) -> str:
     """Inverse of `encode_task_id`; raises InvalidTaskIdError for a name it never produces."""
+    if _PLAIN_TASK.fullmatch(name):
+        return name
     if not _ENCODED_TASK.fullmatch(name):
         raise InvalidTaskIdError(name, "not a task directory name written by castore")
     raw = bytearray()
