@@ -153,6 +153,31 @@ def test_head_lookup_starts_above_the_mark_after_pruning(tmp_path: Path) -> None
     assert 40 == castore.chain.verify.verify_head(slots).head.seq
 
 
+@pytest.mark.parametrize("marked_before", [None, 10])
+def test_a_reader_whose_floor_is_pruned_during_its_search_finds_head_above_the_new_mark(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, marked_before: int | None
+) -> None:
+    """A sealer marks and prunes between a reader's mark read and its search (the named
+    point: the reader's listing of the chain directory). The reader searches again above the
+    mark it reads then; before, it called the task absent (no mark) or broken (an older one)."""
+    store = store_with(tmp_path, 40)
+    if marked_before is not None:
+        mark_and_prune(store, marked_before)
+    listing = type(store.medium).names_if_small
+    interleaved: list[int] = []
+
+    def sealer_runs_first(medium: posix.PosixMedium, key: str) -> list[str] | None:
+        if not interleaved:
+            interleaved.append(mark_and_prune(store, 20))
+        return listing(medium, key)
+
+    monkeypatch.setattr(type(store.medium), "names_if_small", sealer_runs_first)
+    status = store.status(TASK)
+    assert (40, None) == (status.seq, status.error)
+    assert [21 if marked_before is None else 10] == interleaved  # slots it pruned: real ones
+    assert 40 == slots_of(store).head_seq()
+
+
 def test_pruning_removes_the_snapshot_objects_too(tmp_path: Path) -> None:
     """A pruned slot's snapshot object goes with it: a sealed task costs no inode per step."""
     store = store_with(tmp_path, 12)

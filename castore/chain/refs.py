@@ -38,6 +38,10 @@ from castore.format.digest import hash_bytes
 from castore.format.layout import fanout_key, object_key, parse_slot_name
 from castore.medium.base import Medium
 
+# How often HEAD lookup searches again after its floor vanished under a moving mark; each
+# try needs the mark to move once more while it searches (a sealer marks every 4,096 commits).
+_FLOOR_TRIES = 4
+
 
 class TaskSlots:
     """The chain directory of one task."""
@@ -87,13 +91,30 @@ class TaskSlots:
         task has no slot. ChainError if a mark says slots were pruned but the slot above it
         is missing (HEAD is always above the mark, sealmark.py)."""
         low = self.lowest_kept()
+        for _ in range(_FLOOR_TRIES):
+            found = self._search_above(low)
+            if found is not None:
+                return found
+            # The floor is missing. A sealer may have moved the mark and pruned up to it
+            # between the mark read above and the search (it marks before it prunes): a
+            # reader must then search again above the new mark, not call the task absent.
+            moved = self.lowest_kept()
+            if moved == low:
+                break
+            low = moved
+        self._refuse_missing_floor(low)
+        return None
+
+    def _search_above(self, low: int) -> int | None:
+        """HEAD found from `low` up, or None if slot `low` is missing."""
         names = self.medium.names_if_small(self.chain_key)
         exists: Callable[[int], bool] = self.exists
         if names is not None:
             listed = frozenset(names)
-            exists = lambda seq: layout.slot_name(seq) in listed  # noqa: E731
+            # slot_name's text without its range check: a number past MAX_SEQ has one digit
+            # too many, so it is simply not listed.
+            exists = lambda seq: f"{seq:016d}" in listed  # noqa: E731
         if not exists(low):
-            self._refuse_missing_floor(low)
             return None
         base, high = low, low + 1  # invariant: slot `low` exists
         while exists(high):

@@ -116,8 +116,10 @@ class Medium(abc.ABC):
 
     def names_if_small(self, key: str) -> list[str] | None:
         """`names`, where one listing costs less than a few lookups (a small directory); None
-        where it would not ([] for a directory that does not exist)."""
-        del key
+        where it would not ([] for a directory that does not exist). Something other than a
+        directory at `key` (a symlink to one included) is refused as `require_dir` refuses it:
+        HEAD lookup relies on this check alone."""
+        self.require_dir(key)
         return None
 
     @abc.abstractmethod

@@ -108,7 +108,9 @@ class PosixMedium(Medium):
             if exc.errno == errno.ENOTDIR:
                 return None  # the lookups say what a file in a directory's place means
             raise oserrors.io_error(path, "looking up", exc) from exc
-        if not stat.S_ISDIR(info.st_mode) or info.st_size > below:
+        if not stat.S_ISDIR(info.st_mode):
+            fsio.require_real_directory(path)  # raises, naming what is there instead
+        if info.st_size > below:
             return None
         try:
             return fsread.list_names(path)

@@ -43,7 +43,7 @@ class Reading(Values):
             elif verify:
                 head = verified_head(self.verify(task_id))
             else:
-                head = verify_head(self._slots(task_id))
+                head = verify_head(self._head_slots(task_id))
         except (IntegrityError, FormatVersionError) as exc:  # a planted file included
             return status.broken(task_id, exc)
         return status.describe(head, self._clock())
@@ -111,4 +111,11 @@ class Reading(Values):
         # One lookup each (status calls this per task): absent is fine, a symlink is refused.
         for directory in (slots.task_key, slots.chain_key):
             self.medium.require_dir(directory)
+        return slots
+
+    def _head_slots(self, task_id: str) -> TaskSlots:
+        """`_slots` for a read that starts with HEAD lookup (`verify_head`), whose
+        `names_if_small` refuses a chain directory that is not one: one lookup less a task."""
+        slots = TaskSlots(self.medium, self.objects, task_id)
+        self.medium.require_dir(slots.task_key)
         return slots
