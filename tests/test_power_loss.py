@@ -48,7 +48,6 @@ import hashlib
 import os
 import random
 import stat
-import subprocess
 import tempfile
 import time
 from collections import defaultdict
@@ -59,6 +58,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from statebuilder import StateBuilder, materialize
+from statebuilder import remove_trees as _remove
 
 import castore
 from castore.chain.refs import TaskSlots
@@ -633,27 +634,6 @@ def state_key(tree: Tree, contents: dict[int, bytes]) -> frozenset[tuple[Any, ..
     )
 
 
-def materialize(dest: str, tree: Tree, contents: dict[int, bytes], modes: dict[int, int]) -> None:
-    """Build the crash state as a real tree: one file per inode, more names as hard links."""
-    os.mkdir(dest)
-    first: dict[int, str] = {}
-    for path in sorted(tree, key=lambda p: (p.count("/"), p)):
-        target = tree[path]
-        full = os.path.join(dest, path)
-        if target[0] == "d":
-            os.mkdir(full)
-            continue
-        ino = target[1]
-        if ino in first:
-            os.link(first[ino], full)
-            continue
-        with open(full, "xb") as handle:
-            handle.write(contents[ino])
-        first[ino] = full
-    for ino, full in first.items():
-        os.chmod(full, modes.get(ino, 0o644))
-
-
 # -- checking one state with castore ---------------------------------------------------------------
 
 
@@ -778,6 +758,7 @@ class Exploration:
     specs: int = 0  # (point, choice, variant) triples before deduplication
     states: int = 0  # distinct trees checked
     sampled_out: int = 0
+    rebuilt: int = 0  # states built from nothing, not by changing the one before (statebuilder)
     seconds: float = 0.0
     invariant: list[Failure] = field(default_factory=list)
     acks: list[Failure] = field(default_factory=list)
@@ -786,7 +767,8 @@ class Exploration:
     def summary(self) -> str:
         return (
             f"{self.ops} ops, {self.points} crash points, {self.specs} crash states "
-            f"({self.states} distinct trees checked, {self.sampled_out} sampled out) "
+            f"({self.states} distinct trees checked, {self.rebuilt} built from nothing, "
+            f"{self.sampled_out} sampled out) "
             f"in {self.seconds:.1f}s"
         )
 
@@ -804,12 +786,15 @@ def crash_states(model: Model) -> Iterator[tuple[CrashPoint, str, str, Tree, dic
                 yield point, label, variant, tree, point.contents(tree, variant)
 
 
-def explore(ops: list[Op], scratch: Path, *, stop_at_first: bool = False) -> Exploration:
+def explore(
+    ops: list[Op], scratch: Path, *, stop_at_first: bool = False, checker_writes: bool = False
+) -> Exploration:
     """Enumerate the crash states of `ops`, check each distinct tree once, judge every
     (crash point, state) pair against what was acknowledged before that point.
 
     `stop_at_first` (the self-tests) checks states as they come, unsampled, and stops at the
-    first broken invariant or lost acknowledgement."""
+    first broken invariant or lost acknowledgement. `checker_writes`: check_state may change
+    a state (gc healing it), so each is built from nothing (statebuilder.py)."""
     started = time.monotonic()
     model = Model(ops)
     result = Exploration(ops=len(ops), points=len(ops) + 1)
@@ -817,18 +802,12 @@ def explore(ops: list[Op], scratch: Path, *, stop_at_first: bool = False) -> Exp
     specs: list[tuple[CrashPoint, str, str, frozenset[Any]]] = []
     states: dict[frozenset[Any], tuple[Tree, dict[int, bytes]]] = {}
     verdicts: dict[frozenset[Any], Verdict] = {}
-    done: list[str] = []
+    builder = StateBuilder(str(scratch), model.modes, checker_writes=checker_writes)
 
     def judge(point: CrashPoint, label: str, variant: str, key: frozenset[Any]) -> None:
         fresh = key not in verdicts
         if fresh:
-            tree, contents = states[key]
-            dest = os.path.join(scratch, f"state-{len(verdicts)}")
-            materialize(dest, tree, contents, model.modes)
-            verdicts[key] = check_state(Path(dest))
-            done.append(dest)
-            if len(done) >= 200:
-                _remove(done)
+            verdicts[key] = check_state(Path(builder.build(*states[key])))
         verdict = verdicts[key]
         after = ops[point.index - 1].describe() if point.index else "nothing"
         if fresh and verdict.problems:
@@ -867,18 +846,13 @@ def explore(ops: list[Op], scratch: Path, *, stop_at_first: bool = False) -> Exp
             for point, label, variant, key in specs:
                 if key in keep:
                     judge(point, label, variant, key)
+        builder.check_last()
     finally:
-        _remove(done)
+        builder.close()
     result.states = len(verdicts)
+    result.rebuilt = builder.rebuilt
     result.seconds = time.monotonic() - started
     return result
-
-
-def _remove(paths: list[str]) -> None:
-    """rm -rf a batch of materialised states (shutil.rmtree is 10x slower on 260 dirs each)."""
-    if paths:
-        subprocess.run(["rm", "-rf", "--", *paths], check=True)
-        paths.clear()
 
 
 def real_tree(base: Path) -> tuple[Tree, dict[int, bytes], dict[int, int]]:

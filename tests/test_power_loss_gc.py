@@ -193,12 +193,13 @@ def run_exploration(
     *,
     check: Callable[[Path], Verdict] = heal_then_check,
     stop: bool = False,
+    checker_writes: bool = True,  # heal_then_check runs gc on a broken state
 ) -> Exploration:
     ops = record(tmp_path / "base", workload)
     monkeypatch.setattr(pl, "check_state", check)
     (tmp_path / "states").mkdir()
     with scratch_dir(tmp_path / "states") as scratch:
-        result = explore(ops, scratch, stop_at_first=stop)
+        result = explore(ops, scratch, stop_at_first=stop, checker_writes=checker_writes)
     print(f"\npower loss ({getattr(workload, '__name__', 'workload')}): {result.summary()}")
     return result
 
