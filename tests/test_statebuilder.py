@@ -13,9 +13,9 @@ from statebuilder import StateBuilder, Tree, materialize, remove_trees
 from test_power_loss import Model, crash_states, real_tree, record, scratch_dir, state_key
 
 # Which states are compared whole with one built from nothing (each costs ~20 ms): of the
-# ~2,800 of an interrupted init (directories only: which fan-out mkdirs survived) every 50th,
-# of the ~2,500 holding files every 10th. Every state is built, in the exploration's order.
-COMPARED_EVERY = {False: 50, True: 10}
+# ~2,800 of an interrupted init (directories only: which fan-out mkdirs survived) every 100th,
+# of the ~2,500 holding files every 25th. Every state is built, in the exploration's order.
+COMPARED_EVERY = {False: 100, True: 25}
 
 
 def described(root: str) -> dict[str, tuple[Any, ...]]:
