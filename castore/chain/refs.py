@@ -38,8 +38,8 @@ from castore.format.digest import hash_bytes
 from castore.format.layout import fanout_key, object_key, parse_slot_name
 from castore.medium.base import Medium
 
-# How often HEAD lookup searches again after its floor vanished under a moving mark; each
-# try needs the mark to move once more while it searches (a sealer marks every 4,096 commits).
+# How often HEAD lookup searches again after its floor vanished under a moving mark
+# (FORMAT.md §9.4); each try needs the mark to move once more while it searches.
 _FLOOR_TRIES = 4
 
 
