@@ -42,15 +42,21 @@ def materialize(dest: str, tree: Tree, contents: dict[int, bytes], modes: dict[i
         if target[0] == "d":
             os.mkdir(full)
             continue
-        ino = target[1]
-        if ino in first:
-            os.link(first[ino], full)
-            continue
-        with open(full, "xb") as handle:
-            handle.write(contents[ino])
-        first[ino] = full
-    for ino, full in first.items():
-        os.chmod(full, modes.get(ino, 0o644))
+        _place(full, target[1], contents, modes, first)
+
+
+def _place(
+    full: str, ino: int, contents: dict[int, bytes], modes: dict[int, int], named: dict[int, str]
+) -> None:
+    """Give inode `ino` the name `full`: a hard link to its file in `named`, else a new file
+    with its bytes and mode, then in `named`."""
+    if ino in named:
+        os.link(named[ino], full)
+        return
+    with open(full, "xb") as handle:
+        handle.write(contents[ino])
+    os.chmod(full, modes.get(ino, 0o644))
+    named[ino] = full
 
 
 def remove_trees(paths: list[str]) -> None:
@@ -149,16 +155,8 @@ class StateBuilder:
                 if old.get(path, ("f",))[0] != "d":
                     os.mkdir(full)
                 continue
-            if path in kept:
-                continue
-            ino = target[1]
-            if ino in named:
-                os.link(named[ino], full)
-                continue
-            with open(full, "xb") as handle:
-                handle.write(contents[ino])
-            os.chmod(full, self.modes.get(ino, 0o644))
-            named[ino] = full
+            if path not in kept:
+                _place(full, target[1], contents, self.modes, named)
 
 
 def _signature(dest: str, path: str) -> tuple[int, ...]:

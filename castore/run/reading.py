@@ -107,10 +107,9 @@ class Reading(Values):
         return found
 
     def _slots(self, task_id: str) -> TaskSlots:
-        slots = TaskSlots(self.medium, self.objects, task_id)
-        # One lookup each (status calls this per task): absent is fine, a symlink is refused.
-        for directory in (slots.task_key, slots.chain_key):
-            self.medium.require_dir(directory)
+        # One lookup each: absent is fine, a symlink is refused.
+        slots = self._head_slots(task_id)
+        self.medium.require_dir(slots.chain_key)
         return slots
 
     def _head_slots(self, task_id: str) -> TaskSlots:
