@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import itertools
 import operator
-import weakref
-from collections.abc import Callable
 
 from castore.errors import UsageError
-from castore.format import codec
+from castore.format import codec, planmemo
 from castore.format.digest import hash_chunks
 from castore.format.fastdecode import encode_sorted
 from castore.format.records import Plan, Snapshot, Step
@@ -31,46 +29,17 @@ def validate_step_id(step_id: object) -> None:
         )
 
 
-class _Memo:
-    """What is known of one Plan object: that it is valid, and its digest with the encoded
-    meta that digest was made with."""
-
-    __slots__ = ("digest", "meta", "ref", "valid")
-
-    def __init__(self, ref: weakref.ref[Plan]) -> None:
-        self.ref = ref
-        self.valid = False
-        self.digest: str | None = None
-        self.meta: bytes | None = None
-
-
-# By id() of the plan (a Plan holds a dict, so it has no hash); an entry goes with its plan.
-_MEMO: dict[int, _Memo] = {}
-
-
-def _memo(plan: Plan, *, plain: bool = False) -> _Memo | None:
-    """The memo of this very plan object (issue 26: a long fixed plan is checked and hashed
-    once per process, not at every resume), or None for a plan whose parts could change
-    under it. A Plan is frozen and its plain steps (exact strs, bools, tuples) are immutable;
-    its meta is a dict, so the digest is kept with the meta's bytes and remade if they differ."""
-    key = id(plan)
-    memo = _MEMO.get(key)
-    if memo is not None and memo.ref() is plan:
+def _memo(plan: Plan, *, plain: bool = False) -> planmemo.Memo | None:
+    """The memo of this very plan object (see castore.format.planmemo), made now if `plain`
+    or if its steps are plain; None for a plan whose parts could change under it."""
+    memo = planmemo.known(plan)
+    if memo is not None:
         return memo
     if type(plan) is not Plan or type(plan.name) is not str or plan.grows not in (None, True):
         return None
     if not plain and not _plain_steps(plan.steps):
         return None
-    memo = _Memo(weakref.ref(plan, _forget(key)))
-    _MEMO[key] = memo
-    return memo
-
-
-def _forget(key: int) -> Callable[[object], None]:
-    def forget(_: object) -> None:
-        _MEMO.pop(key, None)
-
-    return forget
+    return planmemo.remember(plan)
 
 
 def validate_plan(plan: Plan) -> None:
@@ -79,36 +48,45 @@ def validate_plan(plan: Plan) -> None:
     memo = _memo(plan)
     if memo is not None and memo.valid:
         return
-    if memo is None or not _valid_plain(plan):
+    if memo is None or not _valid_plain(plan, chained=memo.chained):
         _validate(plan)  # the step by step check, and the one that says what is wrong
     if memo is not None:
         memo.valid = True
 
 
-def _valid_plain(plan: Plan) -> bool:
+def _valid_plain(plan: Plan, *, chained: bool = False) -> bool:
     """True if a plan of plain steps (`_plain_steps`) passes `_validate`, checked a whole
     sequence at a time in C, for the shapes `Plan.build` makes: each step after the one
-    before, or after none. False means "look closer", never "invalid": `_validate` decides
-    (and says what is wrong) for every other plan."""
+    before, or after none; `chained`: the caller knows it is the first (only the ids are
+    looked at). False means "look closer", never "invalid": `_validate` decides (and says
+    what is wrong) for every other plan."""
     if plan.grows is not None and plan.grows is not True:
         return False
     steps = plan.steps
     if not steps:
         return bool(plan.grows)
     ids = list(map(_ID, steps))
+    return _valid_ids(ids) and (chained or _chain_or_none(steps, ids))
+
+
+def _valid_ids(ids: list[str]) -> bool:
+    """Each id of a printable length, printable, and none twice."""
     lengths = list(map(len, ids))
     # A concatenation prints as itself exactly when each of its parts does.
-    if min(lengths) < 1 or max(lengths) > MAX_STEP_ID or not "".join(ids).isprintable():
-        return False
-    if len(set(ids)) != len(ids):
-        return False  # a duplicate id
+    return (
+        min(lengths) >= 1
+        and max(lengths) <= MAX_STEP_ID
+        and "".join(ids).isprintable()
+        and len(set(ids)) == len(ids)
+    )
+
+
+def _chain_or_none(steps: tuple[Step, ...], ids: list[str]) -> bool:
+    """No step after any other, or a chain: step 0 after none, each later step after
+    exactly one, and that one (in order) the step before it."""
     afters = list(map(_AFTER, steps))
     deps = list(itertools.chain.from_iterable(afters))
-    if not deps:
-        return True
-    # A chain: step 0 after none, each later step after exactly one, and that one (in
-    # order) the step before it.
-    return (
+    return not deps or (
         afters[0] == ()
         and set(map(len, itertools.islice(afters, 1, None))) == {1}
         and deps == ids[:-1]

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import enum
 import functools
+import itertools
+import typing
 from typing import Any
 
+from castore.format import planmemo
 from castore.format.model import attrs
 
 
@@ -46,6 +49,9 @@ V2_KINDS = frozenset(
 OMIT_IF_NONE = "castore.omit_if_none"
 
 
+_NO_EFFECTS = itertools.repeat(False)
+
+
 @attrs.frozen
 class Step:
     """One step of a plan; `effect` steps change the outside world."""
@@ -68,6 +74,15 @@ class Plan:
     @classmethod
     def build(cls, name: str, *steps: str | Step, **meta: Any) -> Plan:
         """A plan from step ids (plain steps) and `Step`s, each after the one before."""
+        if steps and set(map(type, steps)) == {str}:
+            # Step ids alone (a long fixed plan): built in C, and vouched for as plain and
+            # chained, so that validating it later checks its ids only (planmemo).
+            ids = typing.cast(tuple[str, ...], steps)
+            afters = itertools.chain(((),), zip(ids[:-1]))
+            plan = cls(name=name, steps=tuple(map(Step, ids, _NO_EFFECTS, afters)), meta=meta)
+            if type(plan) is Plan:
+                planmemo.vouch_chained(plan)
+            return plan
         built: list[Step] = []
         for item in steps:
             step = Step(item) if isinstance(item, str) else item
@@ -81,7 +96,11 @@ class Plan:
         """A growing plan (format v2): `initial_steps` (maybe none) as `build` makes them,
         then the steps the task decides as it runs (`run.at`, `run.append`)."""
         built = cls.build(name, *initial_steps, **meta)
-        return cls(name=name, steps=built.steps, meta=meta, grows=True)
+        plan = cls(name=name, steps=built.steps, meta=meta, grows=True)
+        memo = planmemo.known(built)
+        if memo is not None and memo.chained and type(plan) is Plan:
+            planmemo.vouch_chained(plan)
+        return plan
 
     def index(self, step_id: str) -> int:
         """Position of `step_id` in the plan; KeyError if it is not a step of this plan."""
