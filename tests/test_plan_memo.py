@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import castore
-from castore.format import plans
+from castore.format import planmemo, plans
 from castore.format.records import Plan, Step
 
 
@@ -54,9 +54,9 @@ def test_validation_is_remembered_only_when_it_passed(monkeypatch: pytest.Monkey
     real, fast = plans._validate, plans._valid_plain
 
     def counted(check: Any) -> Any:
-        def call(plan: Plan) -> Any:
+        def call(plan: Plan, **how: bool) -> Any:
             checked.append(plan.name)
-            return check(plan)
+            return check(plan, **how)
 
         return call
 
@@ -87,10 +87,10 @@ def test_the_memo_goes_with_its_plan() -> None:
     plan = Plan.build("gone", "a")
     plans.plan_id(plan)
     key = id(plan)
-    assert key in plans._MEMO
+    assert key in planmemo._MEMO
     del plan
     gc.collect()
-    assert key not in plans._MEMO
+    assert key not in planmemo._MEMO
 
 
 def test_resume_again_with_one_plan_object(tmp_path: Path) -> None:
@@ -107,6 +107,77 @@ def test_resume_again_with_one_plan_object(tmp_path: Path) -> None:
     plan.meta["owner"] = "bob"
     with pytest.raises(castore.PlanDriftError):
         store.resume("t", plan)
+
+
+def _chained_plan(name: str, *ids: str, **meta: Any) -> Plan:
+    """The plan `Plan.build` made step by step before it had a path of its own for ids."""
+    steps = [Step(ids[0])] + [Step(step_id, after=(ids[n],)) for n, step_id in enumerate(ids[1:])]
+    return Plan(name, tuple(steps), meta)
+
+
+@pytest.mark.parametrize(
+    "ids", [("a",), ("a", "b"), tuple(f"s{n}" for n in range(5000)), ("é", "x y", "\u00e9")]
+)
+def test_a_plan_built_from_ids_is_the_plan_the_step_by_step_build_makes(ids: tuple[str]) -> None:
+    built = Plan.build("job", *ids, owner="ann")
+    assert _chained_plan("job", *ids, owner="ann") == built
+    assert plans.plan_id(_chained_plan("job", *ids, owner="ann")) == plans.plan_id(built)
+    grown = Plan.grow("job", *ids)
+    assert Plan("job", built.steps, {}, grows=True) == grown
+    for plan in (built, grown):
+        memo = plans._memo(plan)
+        assert memo is not None
+        assert memo.chained
+        assert not memo.valid
+
+
+def test_a_built_plan_is_checked_by_its_ids_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    shapes: list[int] = []
+    real = plans._chain_or_none
+
+    def counted(steps: tuple[Step, ...], ids: list[str]) -> bool:
+        shapes.append(len(steps))
+        return real(steps, ids)
+
+    monkeypatch.setattr(plans, "_chain_or_none", counted)
+    plans.validate_plan(Plan.build("built", "a", "b", "c"))
+    assert [] == shapes
+    plans.validate_plan(_chained_plan("made", "a", "b", "c"))  # no vouch: its shape is looked at
+    assert [3] == shapes
+
+
+@pytest.mark.parametrize(
+    ("ids", "refusal"),
+    [
+        (("a", "b", "a"), "twice"),
+        (("a", "x\tb"), "not printable"),
+        (("a", ""), "non-empty"),
+        (("x" * (plans.MAX_STEP_ID + 1),), "non-empty"),
+    ],
+)
+def test_a_built_plan_of_bad_ids_is_refused_as_any_plan_is(ids: tuple[str], refusal: str) -> None:
+    plan = Plan.build("bad", *ids)
+    memo = plans._memo(plan)
+    assert memo is not None
+    assert memo.chained
+    for _ in range(2):
+        with pytest.raises(castore.UsageError, match=refusal):
+            plans.validate_plan(plan)
+    assert not memo.valid
+
+
+def test_a_plan_built_from_steps_or_odd_ids_is_not_vouched_for() -> None:
+    odd_id = type("Id", (str,), {})("b")
+    with_step = Plan.build("mixed", "a", Step("b", after=("zz",)))
+    assert with_step.steps == (Step("a"), Step("b", after=("zz",)))
+    memo = plans._memo(with_step)
+    assert memo is not None
+    assert not memo.chained
+    with pytest.raises(castore.UsageError, match="not an earlier step"):
+        plans.validate_plan(with_step)
+    odd = Plan.build("odd", "a", odd_id)
+    assert odd.steps == (Step("a"), Step(odd_id, after=("a",)))
+    assert plans._memo(odd) is None
 
 
 _SHAPES = [

@@ -6,17 +6,14 @@ Only a plan whose parts cannot change under it gets a memo: a frozen Plan of an 
 name whose steps are plain (exact strs, bools and tuples; see plans._plain_steps). Its meta is
 a dict, so the digest is kept with the meta's bytes and remade if they differ. The rules that
 decide validity live in castore.format.plans; `Plan.build` vouches for the plans it makes,
-whose shape it knows, so a built plan is not checked step by step again.
+whose shape it knows, so a built plan is not checked step by step again. (Plans are
+`object` here: castore.format.records imports this module.)
 """
 
 from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from castore.format.records import Plan
 
 
 class Memo:
@@ -26,7 +23,7 @@ class Memo:
 
     __slots__ = ("chained", "digest", "meta", "ref", "valid")
 
-    def __init__(self, ref: weakref.ref[Plan]) -> None:
+    def __init__(self, ref: weakref.ref[object]) -> None:
         self.ref = ref
         self.valid = False
         self.chained = False
@@ -38,27 +35,19 @@ class Memo:
 _MEMO: dict[int, Memo] = {}
 
 
-def known(plan: Plan) -> Memo | None:
+def known(plan: object) -> Memo | None:
     """The memo of this very plan object, if it has one."""
     memo = _MEMO.get(id(plan))
     return memo if memo is not None and memo.ref() is plan else None
 
 
-def remember(plan: Plan) -> Memo:
+def remember(plan: object) -> Memo:
     """A new memo for `plan`, whose steps the caller knows to be plain and whose name is an
     exact str; it is dropped when the plan is."""
     key = id(plan)
     memo = Memo(weakref.ref(plan, _forget(key)))
     _MEMO[key] = memo
     return memo
-
-
-def vouch_chained(plan: Plan) -> None:
-    """Record what `Plan.build` knows of a plan it made from exact strs alone: its steps are
-    plain and chained. Nothing for a plan whose name is not an exact str (the plan rules then
-    look at it whole, as at any plan of unknown make)."""
-    if type(plan.name) is str and plan.grows in (None, True):
-        (known(plan) or remember(plan)).chained = True
 
 
 def _forget(key: int) -> Callable[[object], None]:

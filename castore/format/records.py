@@ -80,8 +80,8 @@ class Plan:
             ids = typing.cast(tuple[str, ...], steps)
             afters = itertools.chain(((),), zip(ids[:-1]))
             plan = cls(name=name, steps=tuple(map(Step, ids, _NO_EFFECTS, afters)), meta=meta)
-            if type(plan) is Plan:
-                planmemo.vouch_chained(plan)
+            if type(plan) is Plan and type(name) is str:  # what a memo needs (plans._memo)
+                planmemo.remember(plan).chained = True
             return plan
         built: list[Step] = []
         for item in steps:
@@ -99,7 +99,7 @@ class Plan:
         plan = cls(name=name, steps=built.steps, meta=meta, grows=True)
         memo = planmemo.known(built)
         if memo is not None and memo.chained and type(plan) is Plan:
-            planmemo.vouch_chained(plan)
+            planmemo.remember(plan).chained = True
         return plan
 
     def index(self, step_id: str) -> int:
