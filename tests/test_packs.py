@@ -15,7 +15,8 @@ from castore.chain import packs
 from castore.errors import ChainError, ObjectCorruptError
 from castore.format import codec
 from castore.format.digest import hash_bytes
-from castore.format.records import Plan
+from castore.format.links import decode_snapshot
+from castore.format.records import Plan, Snapshot
 
 
 def chain_bytes(store: castore.Store, steps: int, task: str = "t") -> list[bytes]:
@@ -218,3 +219,28 @@ def test_a_noncanonical_header_is_refused(snapshots: list[bytes]) -> None:
     bad = codec.frame("pack", line + last + index + data, 2)
     with pytest.raises(ObjectCorruptError, match="canonical"):
         packs.parse(hash_bytes(bad), bad)
+
+
+def test_a_pack_built_from_records_is_the_pack_built_from_their_bytes(
+    snapshots: list[bytes],
+) -> None:
+    """The writer hands the sealer the records it encoded: the pack is the same bytes as one
+    built by decoding, whether every record, some or none is given."""
+    records = [decode_snapshot("t", hash_bytes(data), data) for data in snapshots]
+    first = packs.build(snapshots[:7], prev=None, parent=None)
+    assert first == packs.build(snapshots[:7], prev=None, parent=None, encoded=records[:7])
+    second = packs.build(snapshots[7:], prev=hash_bytes(first), parent=snapshots[6])
+    some: list[Snapshot | None] = [None, None, *records[9:]]
+    assert second == packs.build(
+        snapshots[7:], prev=hash_bytes(first), parent=snapshots[6], encoded=some
+    )
+
+
+def test_build_checks_the_links_of_records_as_of_bytes(snapshots: list[bytes]) -> None:
+    """A record stands for its bytes in every check: records out of order are refused as
+    bytes out of order are, and records must run beside the bytes one for one."""
+    records = [decode_snapshot("t", hash_bytes(data), data) for data in snapshots]
+    with pytest.raises(ChainError, match="has sequence 2, expected 1"):
+        packs.build(snapshots[:3], prev=None, parent=None, encoded=[records[0], *records[2:0:-1]])
+    with pytest.raises(ValueError, match="2 records given for 3 snapshots"):
+        packs.build(snapshots[:3], prev=None, parent=None, encoded=records[:2])

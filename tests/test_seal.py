@@ -16,7 +16,7 @@ from castore.chain import packs
 from castore.chain.verify import extend_head, verified_head, verify_head
 from castore.errors import ChainError
 from castore.format.digest import hash_bytes
-from castore.format.records import Sealed, TransitionKind
+from castore.format.records import Sealed, Snapshot, TransitionKind
 from castore.maintenance.sealing import seal_task
 
 pytestmark = pytest.mark.usefixtures(seal_often.__name__)
@@ -66,6 +66,29 @@ def test_resuming_a_sealed_task_gives_the_outcomes_sealed_in_packs(v2: castore.S
         assert run.done("s12")
         assert not run.done("s25")
         assert 13 == run.outcome("s12").seq
+
+
+def test_a_run_seals_its_own_commits_from_their_records_and_decodes_only_what_it_read(
+    v2: castore.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sealer checks the links of the snapshots this run committed on the records they
+    were encoded from; only the tail read at resume, and each pack's parent, are decoded.
+    The packs verify as any pack does."""
+    decoded: list[int] = []
+    decode = packs.decode_snapshot
+
+    def counting(task: str, object_id: str, data: bytes) -> Snapshot:
+        snapshot = decode(task, object_id, data)
+        decoded.append(snapshot.seq)
+        return snapshot
+
+    monkeypatch.setattr(packs, "decode_snapshot", counting)
+    plan = plan_of(40)
+    run_steps(v2, TASK, plan, 5)  # seq 0..5: the tail the next run reads at resume
+    run_steps(v2, TASK, plan, 14)  # seq 6..19: packs of 0..7 and 8..15
+    # Pack 0..7: seq 0..5 read back at resume, 6..7 this run's; pack 8..15: its parent, 7.
+    assert [0, 1, 2, 3, 4, 5, 7] == sorted(decoded)
+    assert [(8, 15), (0, 7)] == pack_ranges(v2.verify(TASK))
 
 
 def test_seal_task_seals_an_unsealed_history(tmp_path: Path) -> None:

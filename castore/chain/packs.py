@@ -76,20 +76,43 @@ def named_refs(snapshot: Snapshot) -> list[str]:
     return [ref] if ref is not None else []
 
 
-def build(snapshots: Sequence[bytes], *, prev: str | None, parent: bytes | None) -> bytes:
+def build(
+    snapshots: Sequence[bytes],
+    *,
+    prev: str | None,
+    parent: bytes | None,
+    encoded: Sequence[Snapshot | None] = (),
+) -> bytes:
     """The framed bytes of the pack holding `snapshots` (framed, oldest first, at most
     MAX_SNAPSHOTS). `prev` is the pack holding the first one's parent and `parent` that
     parent's framed bytes (both None when the first is sequence 0). Every link is checked as
-    the verifier checks a tail (ChainError if one does not hold): only a chain is sealed."""
+    the verifier checks a tail (ChainError if one does not hold): only a chain is sealed.
+
+    `encoded`, if given, runs beside `snapshots`: the record a snapshot's bytes were encoded
+    from in this process (the writer's own commits), or None (bytes read back: decoded here).
+    A record stands for its bytes in the checks, which compare ids, numbers, enums and
+    strings only (a result, the one free-form field, is never compared)."""
     if not 1 <= len(snapshots) <= MAX_SNAPSHOTS:
         raise ValueError(f"a pack holds 1 to {MAX_SNAPSHOTS} snapshots, not {len(snapshots)}")
+    if encoded and len(encoded) != len(snapshots):
+        raise ValueError(f"{len(encoded)} records given for {len(snapshots)} snapshots")
     ids = [hash_bytes(data) for data in snapshots]
-    task = decode_snapshot("?", ids[0], snapshots[0]).task
-    records = [decode_snapshot(task, oid, data) for oid, data in zip(ids, snapshots, strict=True)]
+    given = list(encoded or (None,) * len(snapshots))
+    first = given[0] or decode_snapshot("?", ids[0], snapshots[0])
+    given[0], task = first, first.task
+    records = [
+        record or decode_snapshot(task, oid, data)
+        for oid, data, record in zip(ids, snapshots, given, strict=True)
+    ]
     first_seq = records[0].seq
     if (first_seq == 0) != (prev is None) or (prev is None) != (parent is None):
         raise ValueError("prev and parent are given exactly when the first seq is not 0")
-    _check_range(task, ids, records, prev, parent)
+    # The parent is decoded once: its link into the range and its time both count.
+    above_parent: tuple[str, Snapshot] | None = None
+    if parent is not None:
+        parent_id = hash_bytes(parent)
+        above_parent = (parent_id, decode_snapshot(task, parent_id, parent))
+    _check_range(task, ids, records, prev, above_parent)
     clock, index = ChainClock(), {}
     for position in range(len(records) - 1, -1, -1):  # newest first, as the verifier walks
         record = records[position]
@@ -100,9 +123,8 @@ def build(snapshots: Sequence[bytes], *, prev: str | None, parent: bytes | None)
         step = outcome_step(record)
         if step is not None and step not in index:
             index[step] = record.seq
-    if parent is not None:  # the link into the range counts in its clock (V2)
-        parent_ms = decode_snapshot(task, hash_bytes(parent), parent).time_ms
-        clock = clock.linked(parent_ms, records[0].seq, records[0].time_ms)
+    if above_parent is not None:  # the link into the range counts in its clock (V2)
+        clock = clock.linked(above_parent[1].time_ms, records[0].seq, records[0].time_ms)
     raw = b"".join(snapshots[:-1])
     data = zlib.compress(raw, _LEVEL)
     index_bytes = codec.encode_value({"steps": index})
@@ -111,7 +133,7 @@ def build(snapshots: Sequence[bytes], *, prev: str | None, parent: bytes | None)
         first_seq=first_seq,
         last_seq=records[-1].seq,
         prev=prev,
-        first_parent=None if parent is None else hash_bytes(parent),
+        first_parent=None if above_parent is None else above_parent[0],
         last_id=ids[-1],
         last_size=len(snapshots[-1]),
         plans=tuple(sorted({record.plan for record in records})),
@@ -127,13 +149,16 @@ def build(snapshots: Sequence[bytes], *, prev: str | None, parent: bytes | None)
 
 
 def _check_range(
-    task: str, ids: list[str], records: list[Snapshot], prev: str | None, parent: bytes | None
+    task: str,
+    ids: list[str],
+    records: list[Snapshot],
+    prev: str | None,
+    parent: tuple[str, Snapshot] | None,
 ) -> None:
-    """Every link of the range, the one into it from `parent` included, as a tail is checked."""
+    """Every link of the range, the one into it from `parent` (its id and record) included,
+    as a tail is checked."""
     first_seq = records[0].seq
-    older: tuple[str, Snapshot] | None = None
-    if parent is not None:
-        older = (hash_bytes(parent), decode_snapshot(task, hash_bytes(parent), parent))
+    older = parent
     for position, (oid, record) in enumerate(zip(ids, records, strict=True)):
         seq = first_seq + position
         check_link(task, oid, record, seq, None)

@@ -26,7 +26,7 @@ from castore.chain.objects import ObjectStore
 from castore.chain.refs import TaskSlots
 from castore.errors import CastoreError, UsageError
 from castore.format.model import attrs
-from castore.format.records import Sealed
+from castore.format.records import Sealed, Snapshot
 
 SEAL_EVERY = packs.MAX_SNAPSHOTS
 
@@ -47,12 +47,15 @@ def build_packs(
     framed: list[bytes],
     anchor: Sealed | None,
     parent: bytes | None,
+    *,
     every: int = SEAL_EVERY,
+    records: list[Snapshot | None] | None = None,
 ) -> tuple[Sealed, list[str]]:
     """Publish packs for `framed` (the snapshots just past `anchor`, oldest first; `parent`
     the bytes of the anchor's last snapshot), at most `every` per pack, chained by prev.
-    Returns the anchor naming the newest and the ids written. Each pack is durable before
-    this returns, so a commit may name it."""
+    `records`, if given, runs beside `framed`: the record each was encoded from in this
+    process, or None (packs.build). Returns the anchor naming the newest and the ids
+    written. Each pack is durable before this returns, so a commit may name it."""
     if not framed:
         raise UsageError("nothing to seal")
     written: list[str] = []
@@ -60,9 +63,11 @@ def build_packs(
     through = anchor.through if anchor is not None else -1
     for start in range(0, len(framed), every):
         chunk = framed[start : start + every]
+        encoded = records[start : start + every] if records is not None else ()
         # Remembered: the commit that names it holds its bytes, to store it again if a gc
         # removed it meanwhile (refs.py, the gc handshake).
-        pack_id = objects.put_framed(packs.build(chunk, prev=prev, parent=parent))
+        built = packs.build(chunk, prev=prev, parent=parent, encoded=encoded)
+        pack_id = objects.put_framed(built)
         crashpoints.reach("seal.pack_written")
         written.append(pack_id)
         prev, parent, through = pack_id, chunk[-1], through + len(chunk)
@@ -102,6 +107,9 @@ class Sealer:
         # The snapshots past the anchor, oldest first (HEAD last), and the bytes of the
         # anchor's own last snapshot: all a pack is built from, never read back from disk.
         self._tail = list(tail)
+        # Beside the tail: the record of each snapshot this run committed (a pack checks its
+        # links on them rather than decoding the bytes again), None for those read at resume.
+        self._records: list[Snapshot | None] = [None] * len(self._tail)
         self._anchor = anchor
         self._parent = sealed_last
         self._building = False
@@ -136,10 +144,12 @@ class Sealer:
 
         self._submit(job)
 
-    def committed(self, data: bytes, anchor: Sealed | None) -> None:
-        """A commit of the run is durable: `data` its bytes, `anchor` the anchor it carries."""
+    def committed(self, data: bytes, snapshot: Snapshot) -> None:
+        """A commit of the run is durable: `data` its bytes, encoded from `snapshot`."""
+        anchor = snapshot.sealed
         with self._lock:
             self._tail.append(data)
+            self._records.append(snapshot)
             if anchor is not None and anchor != self._anchor:
                 crashpoints.reach("seal.committed")
                 self._adopt(anchor)
@@ -148,21 +158,31 @@ class Sealer:
             if len(self._tail) < self._every:
                 return
             self._building = True
-            chunk, anchor_now, parent = self._tail[: self._every], self._anchor, self._parent
-        self._submit(lambda: self._build(chunk, anchor_now, parent))
+            chunk, records = self._tail[: self._every], self._records[: self._every]
+            anchor_now, parent = self._anchor, self._parent
+        self._submit(lambda: self._build(chunk, records, anchor_now, parent))
 
     def _adopt(self, anchor: Sealed) -> None:
         """A durable commit carries `anchor`: what it seals leaves memory and is pruned."""
         first = self._anchor.through + 1 if self._anchor is not None else 0
         count = anchor.through - first + 1
         sealed, self._tail = self._tail[:count], self._tail[count:]
+        del self._records[:count]
         self._parent, self._anchor, self._ready = sealed[-1], anchor, None
         # The run committed these bytes: pruning need not read 4,096 slots back to name them.
         known = dict(enumerate(sealed, start=first))
         self._submit(lambda: prune(self._slots, anchor, known))
 
-    def _build(self, chunk: list[bytes], anchor: Sealed | None, parent: bytes | None) -> None:
-        newest, _ = build_packs(self._objects, chunk, anchor, parent, self._every)
+    def _build(
+        self,
+        chunk: list[bytes],
+        records: list[Snapshot | None],
+        anchor: Sealed | None,
+        parent: bytes | None,
+    ) -> None:
+        newest, _ = build_packs(
+            self._objects, chunk, anchor, parent, every=self._every, records=records
+        )
         with self._lock:
             self._ready, self._building = newest, False
 
@@ -174,15 +194,19 @@ class Sealer:
         with self._lock:
             if self.error is not None:
                 raise self.error
-            pending, anchor, parent = self._tail, self._anchor, self._parent
+            pending, records = self._tail, self._records
+            anchor, parent = self._anchor, self._parent
             if self._ready is not None:
                 offset = self._ready.through - (anchor.through if anchor else -1)
                 pending, anchor, parent = pending[offset:], self._ready, pending[offset - 1]
+                records = records[offset:]
         if not pending:  # a ready pack holds HEAD already
             if anchor is None:
                 raise UsageError(f"task {self._slots.task_id!r}: nothing to seal")
             return anchor, []
-        return build_packs(self._objects, pending, anchor, parent, self._every)
+        return build_packs(
+            self._objects, pending, anchor, parent, every=self._every, records=list(records)
+        )
 
     def _submit(self, job: Callable[[], None]) -> None:
         if self._thread is None:

@@ -255,7 +255,7 @@ class RunCore:
         )
         self.head, self.head_id = snapshot, snapshot_id
         if self._sealer is not None:
-            self._sealer.committed(data, snapshot.sealed)
+            self._sealer.committed(data, snapshot)
         return snapshot_id
 
     def _next_anchor(self) -> Sealed | None:
