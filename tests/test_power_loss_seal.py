@@ -26,7 +26,7 @@ import castore.store
 from castore.chain.sealmark import started_by_mark
 from castore.errors import CastoreError
 from castore.format.layout import CHAIN_DIR, TASKS_DIR, decode_task_id
-from castore.format.records import Sealed
+from castore.format.records import Sealed, Snapshot
 
 PLAN = castore.Plan.build("plseal", *(f"s{i}" for i in range(7)))
 EVERY = 4
@@ -128,10 +128,11 @@ def test_self_test_pruning_before_a_commit_names_the_pack_is_caught(
     def eager(
         self: castore.chain.seal.Sealer,
         chunk: list[bytes],
+        records: list[Snapshot | None],
         anchor: Sealed | None,
         parent: bytes | None,
     ) -> None:
-        real_build(self, chunk, anchor, parent)
+        real_build(self, chunk, records, anchor, parent)
         ready = self._ready
         assert ready is not None
         castore.chain.seal.prune(self._slots, ready)  # the protocol's order broken on purpose
