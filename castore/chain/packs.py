@@ -108,11 +108,11 @@ def build(
     if (first_seq == 0) != (prev is None) or (prev is None) != (parent is None):
         raise ValueError("prev and parent are given exactly when the first seq is not 0")
     # The parent is decoded once: its link into the range and its time both count.
-    above_parent: tuple[str, Snapshot] | None = None
+    linked_parent: tuple[str, Snapshot] | None = None
     if parent is not None:
         parent_id = hash_bytes(parent)
-        above_parent = (parent_id, decode_snapshot(task, parent_id, parent))
-    _check_range(task, ids, records, prev, above_parent)
+        linked_parent = (parent_id, decode_snapshot(task, parent_id, parent))
+    _check_range(task, ids, records, prev, linked_parent)
     clock, index = ChainClock(), {}
     for position in range(len(records) - 1, -1, -1):  # newest first, as the verifier walks
         record = records[position]
@@ -123,8 +123,8 @@ def build(
         step = outcome_step(record)
         if step is not None and step not in index:
             index[step] = record.seq
-    if above_parent is not None:  # the link into the range counts in its clock (V2)
-        clock = clock.linked(above_parent[1].time_ms, records[0].seq, records[0].time_ms)
+    if linked_parent is not None:  # the link into the range counts in its clock (V2)
+        clock = clock.linked(linked_parent[1].time_ms, records[0].seq, records[0].time_ms)
     raw = b"".join(snapshots[:-1])
     data = zlib.compress(raw, _LEVEL)
     index_bytes = codec.encode_value({"steps": index})
@@ -133,7 +133,7 @@ def build(
         first_seq=first_seq,
         last_seq=records[-1].seq,
         prev=prev,
-        first_parent=None if above_parent is None else above_parent[0],
+        first_parent=None if linked_parent is None else linked_parent[0],
         last_id=ids[-1],
         last_size=len(snapshots[-1]),
         plans=tuple(sorted({record.plan for record in records})),
