@@ -205,7 +205,7 @@ class Sealer:
                 raise UsageError(f"task {self._slots.task_id!r}: nothing to seal")
             return anchor, []
         return build_packs(
-            self._objects, pending, anchor, parent, every=self._every, records=list(records)
+            self._objects, pending, anchor, parent, every=self._every, records=records
         )
 
     def _submit(self, job: Callable[[], None]) -> None:
