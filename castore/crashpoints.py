@@ -26,7 +26,6 @@ PAUSE_VAR = "CASTORE_PAUSE_AT"
 # Every point castore offers, in the order a commit reaches them. docs/FORMAT.md lists them.
 POINTS = (
     "init.root",
-    "init.fanout",
     "init.tasks",
     "object.temp_created",
     "object.mid_write",

@@ -166,3 +166,10 @@ def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
         code = exc.code if isinstance(exc.code, int) else 1
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def make_every_fanout(root: str | os.PathLike[str]) -> None:
+    """All 256 fan-out directories, as a store in use has them: castore makes each one on
+    first use, with one more flush (of objects/). For tests that count a commit's flushes."""
+    for fanout in range(256):
+        Path(root, "objects", f"{fanout:02x}").mkdir(exist_ok=True)

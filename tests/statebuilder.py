@@ -1,9 +1,9 @@
 """Crash states as real trees, built by changing the previous state rather than from nothing.
 
-tests/test_power_loss.py checks thousands of crash states, each a store of ~260 directories
-(the 256 fan-out directories are there from init) and a few dozen files, most differing from
-the one checked before by a handful of names. Building each from an empty directory and
-removing it afterwards cost more than checking it; this builder keeps one tree and applies
+tests/test_power_loss.py checks thousands of crash states, each a store of a few dozen
+directories and files, most differing from the one checked before by a handful of names.
+Building each from an empty directory and removing it afterwards cost more than checking it
+(when init made 256 fan-out directories); this builder keeps one tree and applies
 to it only what the next state changes: names removed, directories made, files written
 anew where their bytes or mode differ, hard links made where an inode gains a name.
 

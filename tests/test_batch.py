@@ -12,7 +12,7 @@ import castore
 from castore.maintenance.fsck import Severity, check_store
 from castore.medium import fsio, groupflush
 from castore.medium.flushpolicy import FlushPolicy
-from tests.helpers import object_files
+from tests.helpers import make_every_fanout, object_files
 
 SHARED = FlushPolicy(True, "ext4", "test: shared")
 PRECISE = FlushPolicy(False, "fuse.sshfs", "test: precise")
@@ -54,8 +54,11 @@ def _temps(root: str) -> list[str]:
 def test_a_batch_of_objects_is_two_syncfs_and_names_appear_at_its_end(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Five raw parts and a tree: two syncfs, no fsync; no part is named inside the block."""
+    """Five raw parts and a tree: two syncfs, no fsync; no part is named inside the block.
+    The store is new: the fan-out directories the batch makes are made durable by its first
+    syncfs, with no flush of their own."""
     store = _store(tmp_path, monkeypatch, SHARED)
+    assert [] == os.listdir(Path(store.root, "objects"))
     flushes = Flushes(monkeypatch)
     with store.batch():
         parts = {f"p{i}": store.put_raw(f"part {i}".encode() * 50) for i in range(5)}
@@ -126,6 +129,7 @@ def test_where_flushes_are_not_shared_each_put_publishes_itself(
 ) -> None:
     """On FUSE or NFS a batch changes nothing: each put is durable and named at once."""
     store = _store(tmp_path, monkeypatch, PRECISE)
+    make_every_fanout(store.root)  # no first-use flush of objects/ in the count
     flushes = Flushes(monkeypatch)
     with store.batch():
         raw = store.put_raw(b"y" * 100)

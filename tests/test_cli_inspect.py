@@ -193,7 +193,9 @@ def test_log_names_a_slot_that_is_not_where_it_claims_to_be(
         for step in run.pending():
             run.commit_step(step, {"other": step})
     foreign = other.history("long")[-3][0]  # seq 2
-    Path(store.objects.path(foreign)).write_bytes(Path(other.objects.path(foreign)).read_bytes())
+    planted = Path(store.objects.path(foreign))
+    planted.parent.mkdir(exist_ok=True)
+    planted.write_bytes(Path(other.objects.path(foreign)).read_bytes())
     for seq, object_id in ((5, ids[3]), (2, foreign)):
         slot = Path(store.layout.slot_path("long", seq))
         slot.unlink()

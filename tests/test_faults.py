@@ -23,9 +23,10 @@ from typing import Any
 
 import attrs
 import pytest
-from helpers import misnamed_objects, tree_snapshot
+from helpers import make_every_fanout, misnamed_objects, tree_snapshot
 
 import castore
+from castore.format import codec
 from castore.format.digest import hash_bytes
 from castore.format.layout import is_object_name, parse_slot_name, parse_temp_name
 from castore.maintenance.fsck import Severity, check_store
@@ -89,7 +90,7 @@ class FaultyOS:
     def __getattr__(self, name: str) -> Any:
         return getattr(os, name)
 
-    def arm(self, fault: Fault, *extra: Fault) -> None:
+    def arm(self, fault: Fault | None, *extra: Fault) -> None:
         self.fault, self.extra, self._matched = fault, list(extra), {}
         self.calls.clear()
 
@@ -250,12 +251,46 @@ def test_a_v2_commit_syncs_its_temp_file_and_chain_directory_only(
 ) -> None:
     """The fan-out directory of a snapshot is not synced (its slot is its durable name):
     a fault there cannot fail a commit, because the commit never makes that call."""
+    make_every_fanout(store.root)
     run = store.start(TASK, PLAN)
     run.commit_step("s0", {"n": 0})
     faulty.calls.clear()
     run.commit_step("s1", {"n": 1})
     synced = [kind_of(call.path) for call in faulty.calls if call.op == "fsync"]
     assert ["temp", "chain-dir"] == synced
+
+
+def _blob_id(value: object) -> str:
+    return hash_bytes(codec.frame("blob", codec.encode_value(value)))
+
+
+def test_the_first_object_of_a_fanout_directory_makes_it_durable_first(
+    store: castore.Store, faulty: FaultyOS
+) -> None:
+    """A new store has no fan-out directory: the first put of an id makes its directory and
+    syncs objects/ before the object's own flushes; another id of that directory syncs only
+    its own. objects/'s fsync failing: DurabilityError, nothing named; the next put stores it."""
+    objects = os.path.join(store.root, "objects")
+    blob = store.put_blob({"n": 0}).blob
+    fanout = os.path.dirname(store.objects.path(blob))
+    synced = [call.path for call in faulty.calls if call.op == "fsync"]
+    assert [objects, "temp", fanout] == [synced[0], kind_of(synced[1]), synced[2]]
+    assert 3 == len(synced)
+    sibling = next(v for n in range(1, 5000) if _blob_id(v := {"n": n})[:2] == blob[:2])
+    faulty.calls.clear()
+    assert _blob_id(sibling) == store.put_blob(sibling).blob
+    synced = [call.path for call in faulty.calls if call.op == "fsync"]
+    assert ["temp", fanout] == [kind_of(synced[0]), synced[1]]
+    # A value whose fan-out directory does not exist yet, and objects/ fails to sync.
+    taken = set(os.listdir(objects))
+    fresh = next(v for n in range(5000, 10000) if _blob_id(v := {"n": n})[:2] not in taken)
+    faulty.arm(Fault("fsync", "dir", errno.EIO))
+    with pytest.raises(castore.DurabilityError):
+        store.put_blob(fresh)
+    assert not os.path.exists(store.objects.path(_blob_id(fresh)))
+    assert [] == [call for call in faulty.after_fault() if call.op in ("write", "link")]
+    faulty.arm(None)
+    assert fresh == store.get_blob(store.put_blob(fresh))
 
 
 @pytest.mark.parametrize(("fault", "stale"), COMMIT_FAULTS)
@@ -576,6 +611,7 @@ def test_strace_fsync_eio(store: castore.Store, tmp_path: Path) -> None:
     """fsync → EIO for real (strace): the child reports a DurabilityError naming its temp file,
     closes and removes it without another fsync or link; the store verifies; a rerun succeeds."""
     strace = strace_or_skip()
+    make_every_fanout(store.root)  # no first-use flush of objects/ to shift the count
     store.start(TASK, PLAN).close()
     log = tmp_path / "strace.log"
     # `-e trace=none` would disable the injection (strace 6.1): trace the calls to a log.

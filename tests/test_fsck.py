@@ -303,6 +303,7 @@ def put_raw(store: castore.Store, data: bytes) -> str:
     """Place `data` as a read-only object file named by its blake3 (whatever it holds)."""
     object_id = hash_bytes(data)
     path = Path(store.objects.path(object_id))
+    path.parent.mkdir(exist_ok=True)  # fan-out directories are made on first use
     path.write_bytes(data)
     path.chmod(0o444)
     return object_id
@@ -573,6 +574,7 @@ def test_valid_object_under_a_wrong_name(world: World, capsys: pytest.CaptureFix
     """A copy of a valid object under another name: `object-wrong-name`, naming its real id."""
     name = "ab" + "0" * 62
     path = Path(world.root, "objects", "ab", name)
+    path.parent.mkdir(exist_ok=True)
     path.write_bytes(world.obj(world.blob).read_bytes())
     path.chmod(0o444)
     [finding, *_] = check(
@@ -783,6 +785,7 @@ def test_stray_and_badly_named_files_in_a_fanout_dir(
     """Files in a fan-out directory that are not object ids (wrong case, length, a note):
     `stray-file` warnings, exit status 0."""
     names = ["notes.txt", "AB" * 32, "ab" * 31, "ab" * 32 + "0", ".tmp-no-pid"]
+    Path(world.root, "objects", "ab").mkdir(exist_ok=True)
     for name in names:
         Path(world.root, "objects", "ab", name).write_text("x")
     check(
@@ -799,6 +802,7 @@ def test_object_in_the_wrong_fanout_dir(
     """A valid object file moved or copied to another fan-out directory: `misplaced-object`
     (a moved blob is also missing for the step that names it)."""
     wrong = Path(world.root, "objects", "00" if world.blob[:2] != "00" else "01", world.blob)
+    wrong.parent.mkdir(exist_ok=True)
     shutil.copy2(world.obj(world.blob), wrong)
     expected: list[Row] = [("misplaced-object", ERROR, world.rel(wrong), world.blob, None)]
     if how == "moved":
@@ -844,10 +848,11 @@ def test_bad_fanout_entries(world: World, capsys: pytest.CaptureFixture[str]) ->
     Path(world.root, "objects", "AB").mkdir()
     Path(world.root, "objects", "abc").mkdir()
     Path(world.root, "objects", "cd.txt").write_text("x")
-    fanouts = sorted(Path(world.root, "objects").iterdir())
-    empty = next(d for d in fanouts if d.is_dir() and not any(d.iterdir()))
-    empty.rmdir()
-    empty.symlink_to("/tmp")  # a symlink in place of an (empty) fan-out directory
+    taken = set(os.listdir(Path(world.root, "objects")))
+    empty = Path(
+        world.root, "objects", next(f"{n:02x}" for n in range(256) if f"{n:02x}" not in taken)
+    )
+    empty.symlink_to("/tmp")  # a symlink in place of a fan-out directory
     check(
         capsys,
         world.root,
@@ -889,6 +894,7 @@ def test_leftover_temp_files_are_info_with_their_age(
 ) -> None:
     """Temp files of interrupted writes (objects and slots): `temp-file`, with writer and age."""
     old = Path(world.root, "objects", "ab", ".tmp-myhost-4242-0123456789ab")
+    old.parent.mkdir(exist_ok=True)
     old.write_bytes(b"half an object")
     two_hours_ago = time.time() - 7200
     os.utime(old, (two_hours_ago, two_hours_ago))

@@ -73,6 +73,7 @@ def populated(store: castore.Store) -> dict[str, Any]:
         run.commit_step("b", 2)
     orphan = store.put_blob({"orphan": True}).blob
     temp_object = Path(store.root, "objects", "ab", ".tmp-crashed-4242-0123456789ab")
+    temp_object.parent.mkdir(exist_ok=True)
     temp_object.write_bytes(b"half an object")
     temp_slot = Path(store.layout.chain_dir("t/1"), ".tmp-crashed-4242-0123456789ac")
     temp_slot.write_bytes(b"")
@@ -175,6 +176,7 @@ def test_unreadable_chain_keeps_every_object(store: castore.Store) -> None:
     head.unlink()
     head.write_bytes(b"garbage")
     temp = Path(store.root, "objects", "cd", ".tmp-crashed-1-0123456789ab")
+    temp.parent.mkdir(exist_ok=True)
     temp.write_bytes(b"")
     report = collect(store.root, now=time.time() + 30 * DAY)
     assert ["t%2F1"] == report.unreadable_tasks

@@ -101,6 +101,7 @@ def plan_object(store: castore.Store) -> Path:
 def plant_deep_blob(store: castore.Store) -> None:
     data = codec.frame("blob", b"[" * 200 + b"]" * 200)
     path = Path(store.objects.path(hash_bytes(data)))
+    path.parent.mkdir(exist_ok=True)  # fan-out directories are made on first use
     path.write_bytes(data)
     path.chmod(0o444)
 

@@ -67,6 +67,7 @@ def test_a_huge_object_is_an_fsck_finding_and_gc_keeps_going(store: castore.Stor
     plant_huge_head(store, "t")
     name = "ab" + "c" * 62
     huge = Path(store.layout.object_path(name))
+    huge.parent.mkdir()  # fan-out directories are made on first use
     with open(huge, "wb") as handle:
         handle.truncate(HUGE)
     errors = {
@@ -86,6 +87,7 @@ def test_a_huge_object_named_by_a_chain_is_integrity_not_memory(store: castore.S
     """objects.read of an id whose file is 8 GiB raises OversizedFileError (an
     UnsafeFileError), reading nothing."""
     name = "cd" + "e" * 62
+    os.mkdir(os.path.dirname(store.layout.object_path(name)))  # made on first use
     with open(store.layout.object_path(name), "wb") as handle:
         handle.truncate(HUGE)
     with pytest.raises(castore.UnsafeFileError, match="too large"):
@@ -136,6 +138,7 @@ def test_a_forged_deep_blob_on_disk_is_corrupt_for_get_blob_and_fsck(store: cast
     data = codec.frame("blob", b"[" * 150 + b"]" * 150)
     object_id = hash_bytes(data)
     path = store.layout.object_path(object_id)
+    os.makedirs(os.path.dirname(path), exist_ok=True)  # fan-out directories: made on first use
     with open(path, "wb") as handle:
         handle.write(data)
     os.chmod(path, 0o444)

@@ -86,9 +86,6 @@ def assert_whole(root: Path) -> None:
 
 INIT_POINTS = [
     ("init.root", 1, False),
-    ("init.fanout", 1, False),
-    ("init.fanout", 128, False),
-    ("init.fanout", 256, False),
     ("init.tasks", 1, False),
     ("object.temp_created", 1, False),
     ("object.mid_write", 1, False),
@@ -135,7 +132,7 @@ def test_castore_init_completes_an_interrupted_init(
 ) -> None:
     """What the error message says to run, `castore init PATH`, completes the store."""
     root = tmp_path / "store"
-    proc = creator(children, root, "init.fanout:77")
+    proc = creator(children, root, "init.tasks:1")
     go(proc)
     proc.communicate(timeout=DEADLINE)
     code, out, err = cli(capsys, "init", str(root))
@@ -146,23 +143,26 @@ def test_castore_init_completes_an_interrupted_init(
 def test_random_kills_during_the_first_open_never_break_the_store(
     tmp_path: Path, children: list[subprocess.Popen[str]]
 ) -> None:
-    """SIGKILL 0-30 ms into a process's first Store.open(create=True), many times: the next
-    open(create=True) always succeeds and the store is whole."""
+    """SIGKILL 0-10 ms into a process's first Store.open(create=True), many times: the next
+    open(create=True) always succeeds and the store is whole. Init takes a few ms, so some
+    kills come before or after it: trials go on (up to 8 times as many) until 5 landed in it."""
     rng = random.Random(SEED)
     interrupted = 0
-    for trial in range(KILLS):
+    for trial in range(KILLS * 8):
+        if trial >= KILLS and interrupted >= 5:
+            break
         root = tmp_path / f"store-{trial}"
         proc = creator(children, root)
         go(proc)
         # A random moment to kill at, not a wait for anything: the point of the test.
-        time.sleep(rng.uniform(0.0, 0.030))
+        time.sleep(rng.uniform(0.0, 0.010))
         proc.kill()
         proc.communicate(timeout=DEADLINE)
         if root.exists() and not (root / "castore.json").exists():
             interrupted += 1
         castore.Store.open(root, create=True)
         assert [] == errors_of(root), f"trial {trial}"
-    assert interrupted >= 3, "too few kills landed inside init to mean anything"
+    assert interrupted >= 5, "too few kills landed inside init to mean anything"
     assert_whole(tmp_path / "store-0")
 
 
@@ -330,13 +330,13 @@ def test_many_processes_creating_one_store_at_once_all_succeed(tmp_path: Path) -
 def test_an_os_error_while_creating_is_a_castore_error_naming_the_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """EACCES on a fan-out mkdir: StoreIOError naming that directory and the cause, saying
+    """EACCES on the mkdir of tasks/: StoreIOError naming that directory and the cause, saying
     init completes the store once fixed; and it does."""
     root = tmp_path / "store"
     real_mkdir = os.mkdir
 
     def mkdir(path: str, *args: Any, **kwargs: Any) -> None:
-        if path.endswith(os.path.join("objects", "7f")):
+        if path.endswith(os.sep + "tasks"):
             raise PermissionError(13, "Permission denied", path)
         real_mkdir(path, *args, **kwargs)
 
@@ -344,7 +344,7 @@ def test_an_os_error_while_creating_is_a_castore_error_naming_the_path(
     with pytest.raises(castore.errors.StoreIOError) as caught:
         castore.Store.open(root, create=True)
     monkeypatch.undo()
-    assert str(root / "objects" / "7f") == caught.value.path
+    assert str(root / "tasks") == caught.value.path
     assert "Permission denied" in str(caught.value)
     assert f"`castore init {root}` completes it" in str(caught.value)
     castore.Store.open(root, create=True)

@@ -113,6 +113,7 @@ def make_template(root: Path) -> None:
     ref = store.put_blob({"unreferenced": True})
     os.utime(store.objects.path(ref.blob), (OLD, OLD))
     leftover = root / "objects" / "00" / ".tmp-host-1-000000000000"
+    leftover.parent.mkdir(exist_ok=True)
     leftover.write_bytes(b"partial")
     os.utime(leftover, (OLD, OLD))
     assert TEMPLATE_HEADS == {task: store.verify(task).head.seq for task in store.tasks()}

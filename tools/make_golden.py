@@ -90,8 +90,12 @@ def fixed_writers() -> Iterator[None]:
 
 
 def init_store(root: Path, version: int) -> None:
-    """A new, empty store whose marker names `version`."""
+    """A new, empty store whose marker names `version`, with the 256 fan-out directories
+    castore's init made up front when the sets were written (since 2026-12-04 a fan-out
+    directory is made by the first put of an id it holds; readers never needed them)."""
     storeinit.build(str(root), marker_bytes(version))
+    for fanout in range(256):
+        (root / "objects" / f"{fanout:02x}").mkdir(exist_ok=True)
 
 
 # -- the scenarios of the clean store ----------------------------------------------------------
@@ -296,6 +300,7 @@ def future_object(root: Path) -> None:
     data = b"castore 999 snapshot %d\n" % len(body) + body
     object_id = hash_bytes(data)
     path = Path(store.objects.path(object_id))
+    path.parent.mkdir(exist_ok=True)  # fan-out directories are made on first use
     path.write_bytes(data)
     path.chmod(0o444)
     os.link(path, _slot(root, "effect-planned", seq + 1))

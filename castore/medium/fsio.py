@@ -194,6 +194,16 @@ def require_real_directory(path: str) -> None:
 
 def make_dir_durable(path: str) -> bool:
     """Create directory `path` (if needed) and make its name durable; True if created."""
+    created = make_dir(path)
+    # Also when it existed: it may be the name of a writer that crashed before its fsync.
+    fsync_dir(os.path.dirname(path))
+    return created
+
+
+def make_dir(path: str) -> bool:
+    """Create directory `path` (if needed), its name not synced (the caller flushes the whole
+    filesystem before anything depends on it); True if created. UnsafeFileError if something
+    other than a directory is there."""
     try:
         os.mkdir(path)
     except FileExistsError:
@@ -201,12 +211,9 @@ def make_dir_durable(path: str) -> bool:
             mode = os.lstat(path).st_mode
         if not stat.S_ISDIR(mode):
             raise UnsafeFileError(path, file_kind(mode)) from None
-        # It may be the name of a writer that crashed before its fsync: make it durable now.
-        fsync_dir(os.path.dirname(path))
         return False
     except OSError as exc:
         raise DurabilityError(path, "creating a directory", exc) from exc
-    fsync_dir(os.path.dirname(path))
     return True
 
 

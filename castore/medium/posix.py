@@ -339,7 +339,9 @@ class _Batch:
         try:
             temp = fsio.write_temp(directory, data, sync=_later)
         except FileNotFoundError:
-            fsio.make_dir_durable(directory)  # made on first use; gc or a person may remove it
+            # Made on first use (gc or a person may remove it); the batch's first syncfs makes
+            # its name durable before any name is linked in it.
+            fsio.make_dir(directory)
             temp = fsio.write_temp(directory, data, sync=_later)
         self.data[key] = data
         self._temps.append((temp, medium.path(key), key))

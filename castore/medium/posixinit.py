@@ -14,7 +14,7 @@ import re
 import stat
 
 from castore import crashpoints
-from castore.errors import CastoreError, StoreIOError, UnsafeFileError
+from castore.errors import CastoreError, DurabilityError, StoreIOError
 from castore.format.layout import MARKER_NAME, OBJECTS_DIR, TASKS_DIR, Layout, parse_temp_name
 from castore.format.marker import MARKER_BYTES
 from castore.medium import fsio, oserrors
@@ -29,44 +29,39 @@ def build(root: str, marker: bytes) -> None:
     try:
         fsio.make_dirs_durable(layout.root)
         crashpoints.reach("init.root")
+        # Empty: a fan-out directory is made by the first put of an id it holds, as git does,
+        # so a small store (or a test's) is not 256 directories to list, check and remove.
         fsio.make_dir_durable(layout.objects)
-        for fanout in range(256):
-            # Made up front so no commit pays for a mkdir (put() still recreates one if needed).
-            _make_fanout(os.path.join(layout.objects, f"{fanout:02x}"))
-            crashpoints.reach("init.fanout")
-        fsio.fsync_dir(layout.objects)
         fsio.make_dir_durable(layout.tasks)
         crashpoints.reach("init.tasks")
         # Last: a directory without it is an interrupted init, which the next init completes.
         fsio.publish_file(layout.root, MARKER_NAME, marker)
+    except DurabilityError as exc:  # a mkdir, a flush or the marker's publish
+        cause = exc.__cause__ if isinstance(exc.__cause__, OSError) else exc
+        raise _not_created(exc.path, cause, layout.root) from exc
     except CastoreError:
-        raise  # DurabilityError, UnsafeFileError: they already say what failed
+        raise  # UnsafeFileError: it says what is in the way
     except OSError as exc:
         where = exc.filename if exc.filename is not None else layout.root
-        raise StoreIOError(
-            str(where),
-            "creating the store at",
-            exc,
-            f"the store is not created yet; once the cause is fixed, `castore init {layout.root}`"
-            " completes it",
-        ) from exc
+        raise _not_created(str(where), exc, layout.root) from exc
 
 
-def _make_fanout(path: str) -> None:
-    try:
-        os.mkdir(path)
-    except FileExistsError:
-        mode = os.lstat(path).st_mode  # an interrupted or concurrent init made it
-        if not stat.S_ISDIR(mode):
-            raise UnsafeFileError(path, oserrors.file_kind(mode), "directory") from None
+def _not_created(where: str, cause: OSError, root: str) -> StoreIOError:
+    return StoreIOError(
+        where,
+        "creating the store at",
+        cause,
+        f"the store is not created yet; once the cause is fixed, `castore init {root}` "
+        "completes it",
+    )
 
 
 def leftovers_only(root: str, *, but_marker: bool = False) -> str | None:
     """None if `root` is absent, or a directory holding nothing but what an interrupted init
-    of castore leaves: `objects/` with empty fan-out directories only, an empty `tasks/`,
-    and temp files no longer than the marker at the top (its publish). Otherwise a short
-    description of the first other thing found (the marker itself included, unless
-    `but_marker`)."""
+    of castore leaves: `objects/` with empty fan-out directories only (castore before 0.2
+    made all 256 at init), an empty `tasks/`, and temp files no longer than the marker at the
+    top (its publish). Otherwise a short description of the first other thing found (the
+    marker itself included, unless `but_marker`)."""
     try:
         info = os.lstat(root)
     except FileNotFoundError:
