@@ -21,7 +21,7 @@ from castore.format.records import TransitionKind
 
 CTX = multiprocessing.get_context("fork")
 TASK = "race/1"
-ROUNDS = int(os.environ.get("CASTORE_RACE_ROUNDS", "1000"))
+ROUNDS = int(os.environ.get("CASTORE_RACE_ROUNDS", "400"))
 DEADLINE = 60.0
 
 
@@ -95,7 +95,8 @@ def test_two_writers_race_and_exactly_one_wins_each_round(
         spawn(children, race_worker, store.root, rounds, barrier, n, str(outs[n])) for n in (0, 1)
     ]
     # Each round's loser resumes, verifying the tail above the sealed mark (up to 4,096
-    # slots): 1,000 rounds take about 25 s here, 5,000 several minutes.
+    # slots), so a round costs more as the chain grows: 1,000 rounds took 61 s of a loaded
+    # worker, 400 rounds (the default) a sixth of that; 5,000 (the slow set) several minutes.
     for worker in workers:
         join_ok(worker, max(DEADLINE, rounds * 0.2))
     logs = [json.loads(out.read_text()) for out in outs]
