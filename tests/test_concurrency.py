@@ -95,8 +95,8 @@ def test_two_writers_race_and_exactly_one_wins_each_round(
         spawn(children, race_worker, store.root, rounds, barrier, n, str(outs[n])) for n in (0, 1)
     ]
     # Each round's loser resumes, verifying the tail above the sealed mark (up to 4,096
-    # slots), so a round costs more as the chain grows: 1,000 rounds took 61 s of a loaded
-    # worker, 400 rounds (the default) a sixth of that; 5,000 (the slow set) several minutes.
+    # slots), so a round costs more as the chain grows: in a full run, 1,000 rounds took
+    # 61-91 s of a worker, 400 (the default) 14 s; 5,000 (the slow set) several minutes.
     for worker in workers:
         join_ok(worker, max(DEADLINE, rounds * 0.2))
     logs = [json.loads(out.read_text()) for out in outs]

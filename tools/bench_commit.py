@@ -42,7 +42,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from castore import Store
 from castore.chain.seal import SEAL_EVERY
 from castore.format import codec, guard
 from castore.format.digest import hash_bytes
@@ -79,7 +78,7 @@ class Phases:
     """A task whose steps are committed, and each phase of a commit on that task's inputs."""
 
     def __init__(self, base: str, rounds: int, batch: int) -> None:
-        self.store = Store.init(os.path.join(base, "store"))
+        self.store = c.store_in_use(os.path.join(base, "store"))
         self.run = self.store.start("bench", c.fixed_plan("bench", (rounds + 1) * batch + 10))
         self.commit = c.step_committer(self.run)
         for _ in range(batch):  # lazy imports, caches, the first flush of the directory

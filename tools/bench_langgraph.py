@@ -39,6 +39,9 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 
 from castore.langgraph import CastoreSaver
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_contenders import store_in_use
+
 WORDS = "the agent read the page, kept three facts and chose the next tool to call; "
 
 
@@ -108,6 +111,7 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=args.dir) as root:
         store = os.path.join(root, "castore")
+        store_in_use(store)
         with CastoreSaver(store) as saver:
             ours = run_thread(saver, args.steps)
             logical = len(saver.serde.dumps_typed([message(i) for i in range(args.steps)])[1])
