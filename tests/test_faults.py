@@ -260,6 +260,32 @@ def test_a_v2_commit_syncs_its_temp_file_and_chain_directory_only(
     assert ["temp", "chain-dir"] == synced
 
 
+@pytest.mark.parametrize("made", [True, False], ids=["raced", "not-made"])
+def test_a_fanout_mkdir_that_fails_with_another_error_than_eexist(
+    store: castore.Store, monkeypatch: pytest.MonkeyPatch, made: bool
+) -> None:
+    """sshfs answers EPERM, not EEXIST, to the loser of a mkdir race: the directory the other
+    client made is used (and objects/ synced); the same error with no directory there is a
+    DurabilityError naming the directory, and nothing is stored."""
+    real_mkdir = os.mkdir
+
+    def mkdir(path: str, *args: Any, **kwargs: Any) -> None:
+        if made:
+            real_mkdir(path, *args, **kwargs)  # the other client won
+        raise PermissionError(errno.EPERM, os.strerror(errno.EPERM), path)
+
+    monkeypatch.setattr(fsio.os, "mkdir", mkdir)
+    value = {"raced": made}
+    fanout = os.path.join(store.root, "objects", _blob_id(value)[:2])
+    if made:
+        assert value == store.get_blob(store.put_blob(value))
+        return
+    with pytest.raises(castore.DurabilityError, match="creating a directory") as caught:
+        store.put_blob(value)
+    assert fanout == caught.value.path
+    assert not os.path.exists(fanout)
+
+
 def _blob_id(value: object) -> str:
     return hash_bytes(codec.frame("blob", codec.encode_value(value)))
 

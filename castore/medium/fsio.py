@@ -213,8 +213,19 @@ def make_dir(path: str) -> bool:
             raise UnsafeFileError(path, file_kind(mode)) from None
         return False
     except OSError as exc:
+        # A racing creator's directory, where a network filesystem reports another error than
+        # EEXIST to the loser (sshfs: EPERM), is the directory this caller wanted.
+        if exc.errno != errno.ENOENT and _is_real_directory(path):
+            return False
         raise DurabilityError(path, "creating a directory", exc) from exc
     return True
+
+
+def _is_real_directory(path: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def make_dirs_durable(path: str) -> None:

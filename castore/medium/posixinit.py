@@ -58,8 +58,8 @@ def _not_created(where: str, cause: OSError, root: str) -> StoreIOError:
 
 def leftovers_only(root: str, *, but_marker: bool = False) -> str | None:
     """None if `root` is absent, or a directory holding nothing but what an interrupted init
-    of castore leaves: `objects/` with empty fan-out directories only (castore before 0.2
-    made all 256 at init), an empty `tasks/`, and temp files no longer than the marker at the
+    of castore leaves: `objects/` with empty fan-out directories only (castore made all 256
+    at init until 2026-12-04), an empty `tasks/`, and temp files no longer than the marker at the
     top (its publish). Otherwise a short description of the first other thing found (the
     marker itself included, unless `but_marker`)."""
     try:
