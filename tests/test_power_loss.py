@@ -27,8 +27,8 @@
    bytes ("durable": a non-durable name over a data-less inode), and the last non-fsynced write
    of each file cut in half ("torn"). Identical trees are checked once. Every S_min / S_max
    state and every state with a store marker is checked; of the "interrupted init" states a
-   seeded 100 are (castore before 0.2 made 256 fan-out directories at init, which gave
-   ~2,500 of them; init makes none now, and the sample takes them all).
+   seeded 100 are (when init made the 256 fan-out directories, until 2026-12-04, there
+   were ~2,500 of them; init makes none now, and the sample takes them all).
 
 3. **Check** each distinct state, materialised as a real tree (hard links as hard links) with
    castore itself: no store marker = an interrupted init (allowed only before init returned);
