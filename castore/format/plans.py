@@ -71,13 +71,13 @@ def _valid_plain(plan: Plan, *, chained: bool = False) -> bool:
 
 def _valid_ids(ids: list[str]) -> bool:
     """Each id of a printable length, printable, and none twice."""
-    lengths = list(map(len, ids))
+    unique = set(ids)  # the costly pass (every id hashed): it answers "none empty" too
     # A concatenation prints as itself exactly when each of its parts does.
     return (
-        min(lengths) >= 1
-        and max(lengths) <= MAX_STEP_ID
+        len(unique) == len(ids)
+        and "" not in unique
+        and max(map(len, ids)) <= MAX_STEP_ID
         and "".join(ids).isprintable()
-        and len(set(ids)) == len(ids)
     )
 
 
