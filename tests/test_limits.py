@@ -67,7 +67,8 @@ def test_a_huge_object_is_an_fsck_finding_and_gc_keeps_going(store: castore.Stor
     plant_huge_head(store, "t")
     name = "ab" + "c" * 62
     huge = Path(store.layout.object_path(name))
-    huge.parent.mkdir()  # fan-out directories are made on first use
+    # Fan-out directories are made on first use; the task's own objects may have made this one.
+    huge.parent.mkdir(exist_ok=True)
     with open(huge, "wb") as handle:
         handle.truncate(HUGE)
     errors = {
@@ -87,7 +88,7 @@ def test_a_huge_object_named_by_a_chain_is_integrity_not_memory(store: castore.S
     """objects.read of an id whose file is 8 GiB raises OversizedFileError (an
     UnsafeFileError), reading nothing."""
     name = "cd" + "e" * 62
-    os.mkdir(os.path.dirname(store.layout.object_path(name)))  # made on first use
+    os.makedirs(os.path.dirname(store.layout.object_path(name)), exist_ok=True)  # first use
     with open(store.layout.object_path(name), "wb") as handle:
         handle.truncate(HUGE)
     with pytest.raises(castore.UnsafeFileError, match="too large"):
