@@ -1,4 +1,5 @@
-"""store.batch(): objects put together share two flushes; nothing is named before the end."""
+"""store.batch(): objects put together share two flushes; nothing is named before the end, or
+before a commit inside the block, which publishes them with its snapshot."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import castore
+from castore.format.layout import slot_key
 from castore.maintenance.fsck import Severity, check_store
 from castore.medium import fsio, groupflush
 from castore.medium.flushpolicy import FlushPolicy
@@ -108,19 +110,67 @@ def test_a_failed_syncfs_of_a_batch_is_a_durability_error(
     assert store.put_raw(b"some bytes" * 10) == raw  # a later put publishes it
 
 
-def test_a_commit_inside_the_batch_naming_its_objects_is_refused(
+def test_a_commit_inside_the_batch_publishes_it_first_and_shares_its_data_flush(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Committing a result put in the open batch would name an object with no name yet:
-    UsageError before the commit point; after the block the same commit succeeds."""
+    """A commit naming objects of the open batch: the snapshot joins the batch, one syncfs
+    makes all their bytes durable, one all their names, and only then is the slot linked
+    (its directory flushed): three flushes where a batch and a commit after it made four.
+    The block goes on after it; the objects put later are published at its end."""
     store = _store(tmp_path, monkeypatch, SHARED)
-    run = store.start("t", castore.Plan.build("p", "a"))
+    run = store.start("t", castore.Plan.build("p", "a", "b"))
+    run.commit_step("a", 1)  # the run's first commit flushes HEAD's directory once more
+    make_every_fanout(store.root)  # no first-use flush of objects/ in the count
+    slot = Path(store.root, slot_key("t", 2))
+    linked_after_names: list[bool] = []
+    real_link = fsio.link_new
+
+    def link_new(source: str, target: str) -> bool:
+        if target == str(slot):  # the commit point: every object it names is durable
+            linked_after_names.append(flushes.made == ["syncfs", "syncfs"])
+        return real_link(source, target)
+
+    monkeypatch.setattr(fsio, "link_new", link_new)
+    flushes = Flushes(monkeypatch)
     with store.batch():
         raw = store.put_raw(b"x" * 100)
-        with pytest.raises(castore.UsageError, match="commit after the batch"):
-            run.commit_step("a", raw)
+        tree = store.put_tree({"raw": raw})
+        assert not os.path.exists(store.objects.path(tree.tree))
+        run.commit_step("b", tree)
+        assert os.path.exists(store.objects.path(tree.tree))
+        assert ["syncfs", "syncfs", "fsync_dir"] == flushes.made
+        later = store.put_raw(b"y" * 100)
+        assert not os.path.exists(store.objects.path(later.raw))
+    assert ["syncfs", "syncfs", "fsync_dir", "syncfs", "syncfs"] == flushes.made
+    assert [True] == linked_after_names
+    assert 2 == run.head.seq
+    assert b"y" * 100 == store.get_raw(later)
+    assert [] == _temps(store.root)
+    assert [] == [f.code for f in check_store(store.root, jobs=1) if f.severity is Severity.ERROR]
+
+
+def test_a_commit_inside_a_batch_whose_data_flush_fails_commits_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shared data flush fails: DurabilityError before the commit point, no slot, no
+    temp file; the run stays usable and the same commit succeeds after the block."""
+    store = _store(tmp_path, monkeypatch, SHARED)
+    run = store.start("t", castore.Plan.build("p", "a"))
+    flushes = Flushes(monkeypatch)
+    flushes.fail_syncfs = 1
+
+    def commit_in_a_batch() -> None:
+        with store.batch():
+            run.commit_step("a", store.put_raw(b"x" * 100))
+
+    with pytest.raises(castore.DurabilityError, match="syncing a batch's bytes"):
+        commit_in_a_batch()
     assert 0 == run.head.seq
-    run.commit_step("a", raw)
+    assert not Path(store.root, slot_key("t", 1)).exists()
+    assert [] == _temps(store.root)
+    flushes.fail_syncfs = None
+    run.commit_step("a", store.put_raw(b"x" * 100))
+    assert 1 == run.head.seq
     assert [] == [f.code for f in check_store(store.root, jobs=1) if f.severity is Severity.ERROR]
 
 

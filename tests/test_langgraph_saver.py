@@ -22,6 +22,7 @@ from castore import Store
 from castore.errors import ConflictError, UsageError
 from castore.langgraph import CastoreSaver
 from castore.langgraph.names import task_base
+from castore.maintenance.fsck import Severity, check_store
 from tests.helpers import read_line, spawn_child, wait_stopped
 
 WORDS = "the agent read the page, kept three facts and chose the next tool to call; "
@@ -247,6 +248,41 @@ def test_sigkill_during_a_put_leaves_the_old_or_the_new_checkpoint(
         assert saver.store.verify(task_base("t", "") + "_g0") is not None
     expected = [message(i) for i in range(5 if lands else 1)]
     assert expected == latest.checkpoint["channel_values"]["messages"]
+
+
+@pytest.mark.parametrize(
+    ("point", "lands"),
+    [
+        ("object.linked:1", False),  # the batch's first name: its bytes durable, no slot
+        ("object.linked:6", False),  # 4 messages, the tree, the snapshot: all named
+        ("object.published:6", False),  # every name durable, the slot not linked
+        ("commit.before_link:1", False),
+        ("commit.linked:1", True),
+        ("commit.done:1", True),
+    ],
+)
+def test_sigkill_during_a_put_whose_commit_shares_the_batchs_flushes(
+    tmp_path: Path,
+    children: list[subprocess.Popen[str]],
+    monkeypatch: pytest.MonkeyPatch,
+    point: str,
+    lands: bool,
+) -> None:
+    """With shared flushes (CASTORE_FLUSH=syncfs) a put commits inside its batch: its parts,
+    tree and snapshot are published together before the slot's link. Killed anywhere in
+    that, the thread reads the old checkpoint or the new one, and fsck finds no error."""
+    monkeypatch.setenv("CASTORE_FLUSH", "syncfs")
+    with CastoreSaver(tmp_path) as saver:
+        put(saver, "t", {"messages": [message(0)]})
+    child = spawn_child(children, WRITER, str(tmp_path), "5", crash=point)
+    child.communicate(timeout=60)
+    assert -signal.SIGKILL == child.returncode
+    with CastoreSaver(tmp_path) as saver:
+        latest = saver.get_tuple(config("t"))
+    expected = [message(i) for i in range(5 if lands else 1)]
+    assert expected == latest.checkpoint["channel_values"]["messages"]
+    errors = [f for f in check_store(str(tmp_path), jobs=1) if f.severity is Severity.ERROR]
+    assert [] == errors
 
 
 def test_get_tuple_reads_as_many_objects_at_step_20_as_at_step_200(

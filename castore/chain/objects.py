@@ -16,7 +16,6 @@ from castore.errors import (
     ObjectMissingError,
     StoreIOError,
     UnsafeFileError,
-    UsageError,
 )
 from castore.format import codec
 from castore.format.digest import hash_bytes
@@ -93,9 +92,10 @@ class ObjectStore:
     def batch(self) -> Iterator[None]:
         """Objects put in this thread inside the block are published together when it ends
         (the medium's batch: on a local disk whose flushes castore shares, two flushes for
-        any number of objects instead of two each, FORMAT.md 9.2); nothing names them before
-        the block ends, so no commit may be made inside it. An error inside the block
-        publishes nothing."""
+        any number of objects instead of two each, FORMAT.md 9.2), or when a commit inside
+        the block claims its slot: the claim publishes them with its snapshot before the
+        link, so the commit may name them. An error inside the block publishes nothing that
+        no commit published already."""
         with self.medium.batch() as existed:
             yield
         for key, data in existed:  # linked onto a name that was there: checked as a put is
@@ -130,12 +130,12 @@ class ObjectStore:
     def hold(self, object_id: str) -> bytes:
         """The framed bytes of an object a commit is about to name, in hand (so the commit can
         store it again if gc removes it before gc sees the commit), and its mtime refreshed.
-        ObjectMissingError or ObjectCorruptError if it is neither stored nor remembered."""
-        if self.pending(object_id) is not None:
-            raise UsageError(
-                f"a commit names {object_id}, put in this thread's open store.batch(): "
-                "commit after the batch's block ends (until then the object has no name)"
-            )
+        ObjectMissingError or ObjectCorruptError if it is neither stored nor remembered. An
+        object of this thread's open batch has no name yet: the commit's claim publishes the
+        batch before its link (FORMAT.md 9.2), so its bytes are all the commit needs."""
+        pending = self.pending(object_id)
+        if pending is not None:
+            return pending
         with self._recent_lock:
             data = self._recent.get(object_id)
         if data is None:

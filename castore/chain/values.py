@@ -64,12 +64,13 @@ class Values:
         """Objects put in this thread inside the block (put_blob, put_raw, put_tree) are
         published together when it ends: two flushes for all of them instead of two each,
         on filesystems whose flushes castore shares (FORMAT.md 9.2; elsewhere each put
-        publishes itself). Commit only after the block: until it ends nothing is named.
+        publishes itself). A commit inside the block publishes what was put so far with its
+        own snapshot, sharing their flushes (three for the objects and the commit instead of
+        four), so commit inside it when the commit is what the objects are for:
 
             with store.batch():
                 parts = {name: store.put_raw(body) for name, body in bodies.items()}
-                tree = store.put_tree(parts)
-            run.commit_step("save", tree)
+                run.commit_step("save", store.put_tree(parts))
         """
         return self.objects.batch()
 
@@ -108,7 +109,7 @@ class Values:
         tallest = 0
         for name, part in sorted(tree.refs.items()):
             kind = self.objects.kind_of(part)
-            # A part put in this thread's open batch is named once the batch ends (batch()).
+            # A part put in this thread's open batch is named when the batch is published.
             fresh = self.objects.pending(part) is not None
             if kind not in trees.PART_KINDS or not (fresh or self.medium.touch(object_key(part))):
                 found = "no such object" if kind is None else f"a {kind}"

@@ -184,7 +184,8 @@ class ThreadState:
         refs: dict[str, str] = {}
         inline: dict[str, Any] = {}
         lists: dict[str, ListInfo] = {}
-        # Its parts and its tree published together: two flushes for all (store.batch).
+        # Its parts, its tree and the commit's snapshot published together: two flushes for
+        # all of them, then the slot's (store.batch; the commit inside the block publishes it).
         with self.parts.batch():
             for i, channel in enumerate(channels):
                 if channel not in values:
@@ -208,8 +209,7 @@ class ThreadState:
                 "channels": channels,
                 "inline": inline,
             }
-            made = self.make_tree("p", header, refs)
-        tree = self.commit_tree(made)
+            tree = self.commit_tree(self.make_tree("p", header, refs))
         for slot, info in lists.items():
             self.parts.stored_list(tree, slot, info)
 
@@ -249,8 +249,7 @@ class ThreadState:
                 "writes": [[channel, key[1]] for key, (channel, _) in kept.items()],
                 "inline": inline,
             }
-            made = self.make_tree("w", header, refs)
-        self.commit_tree(made)
+            self.commit_tree(self.make_tree("w", header, refs))
 
     def keep_only(self, keep: list[str], listed: Collection[str] = ()) -> None:
         """Rewrite the namespace as its next generation holding only the checkpoints in

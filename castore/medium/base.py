@@ -195,7 +195,9 @@ class Medium(abc.ABC):
         the snapshot's object key: a medium with hard links (`aliases`) stores the object
         there first, its name durable only with `alias_durable`, and makes the slot a second
         name of it; another stores `key` alone, and readers find the snapshot by its slot.
-        The slot's name is durable only after `flush_dir` of its directory."""
+        The slot's name is durable only after `flush_dir` of its directory. Inside this
+        thread's open batch, the objects created in it are published first, the snapshot's
+        bytes among them, every name durable before the link (FORMAT.md 9.2)."""
 
     @abc.abstractmethod
     def link(self, source: str, key: str) -> bool:
@@ -239,15 +241,17 @@ class Medium(abc.ABC):
     @contextlib.contextmanager
     def batch(self) -> Iterator[list[tuple[str, bytes]]]:
         """Objects created in this thread inside the block may be published together when it
-        ends, with fewer flushes (FORMAT.md 9.2); the list it yields holds, once the block
-        has ended, (key, bytes) of the names that existed already (the caller checks them as
-        it checks any create that returned False). Media that cannot share flushes do each
-        create on its own, as outside a block."""
+        ends, with fewer flushes (FORMAT.md 9.2), or earlier by a `claim` inside the block,
+        which publishes them with its snapshot (the block then goes on); the list it yields
+        holds, once the block has ended, (key, bytes) of the names that existed already (the
+        caller checks them as it checks any create that returned False). Only objects join a
+        batch: any other create is exclusive and answers at once. Media that cannot share
+        flushes do each create on its own, as outside a block."""
         yield []
 
     def pending(self, key: str) -> bytes | None:
         """The bytes of `key` if it was created in this thread's open batch and is not
-        published yet (it has no name until the batch ends)."""
+        published yet (it has no name until the batch ends or a claim publishes it)."""
         del key
         return None
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 
 from castore import crashpoints
 from castore.errors import DurabilityError, StoreIOError
-from castore.format.layout import TMP_PREFIX
+from castore.format.layout import OBJECTS_DIR, TMP_PREFIX
 from castore.format.limits import MAX_OBJECT_SIZE
 from castore.medium import fsio, fsread, groupflush, oserrors, posixinit, setaside, tasklock
 from castore.medium.base import Entry, Judge, Medium
@@ -188,7 +188,9 @@ class PosixMedium(Medium):
     ) -> bool:
         opened: _Batch | None = getattr(self._batches, "open", None)
         directory, name = os.path.split(self.path(key))
-        if opened is not None:
+        # Objects only: a mark's or a lock's create is an exclusive create that must answer
+        # now (a seal inside the block, as a commit inside it may make, moves a mark).
+        if opened is not None and key.startswith(_OBJECT_KEYS):
             return opened.add(self, key, directory, data)
         flush = self.flush
         return fsio.publish_file(
@@ -203,13 +205,15 @@ class PosixMedium(Medium):
 
     def claim(self, key: str, data: bytes, *, alias_of: str, alias_durable: bool) -> bool:
         """The snapshot's object first (its bytes fsynced; its name synced only in a v1 store,
-        FORMAT.md 9.3 step 2), then `link()` of it as the slot: one inode, two names."""
+        FORMAT.md 9.3 step 2), then `link()` of it as the slot: one inode, two names. Inside
+        a batch that holds objects, the snapshot joins it and the batch is published first
+        (FORMAT.md 9.2: its data flush is the snapshot's too, one flush fewer)."""
         source, target = self.path(alias_of), self.path(key)
         fanout = os.path.dirname(source)
         for _ in range(_CLAIM_TRIES):
             fsio.require_real_directory(fanout)
             try:
-                self.create(alias_of, data, sync_name=alias_durable)
+                self._publish_snapshot(alias_of, fanout, data, sync_name=alias_durable)
             except FileNotFoundError:
                 fsio.make_dir_durable(fanout)  # made on first use; gc or a person may remove it
                 continue
@@ -223,6 +227,16 @@ class PosixMedium(Medium):
                     raise
                 # gc removed the object before the link (a long pause): store it anew
         raise FileNotFoundError(errno.ENOENT, "the snapshot's object kept vanishing", source)
+
+    def _publish_snapshot(self, key: str, directory: str, data: bytes, *, sync_name: bool) -> None:
+        opened: _Batch | None = getattr(self._batches, "open", None)
+        if opened is None:
+            self.create(key, data, sync_name=sync_name)
+            return
+        # A commit inside this thread's batch may name its objects: they and the snapshot
+        # share the batch's flushes, every name durable before the slot's link.
+        opened.add(self, key, directory, data)
+        opened.publish(self)
 
     def link(self, source: str, key: str) -> bool:
         return fsio.link_new(self.path(source), self.path(key))
@@ -321,6 +335,9 @@ def _raise_listing_error(exc: OSError) -> None:
     raise StoreIOError(str(exc.filename), "listing", exc) from exc
 
 
+_OBJECT_KEYS = OBJECTS_DIR + "/"
+
+
 class _Batch:
     """Objects written as unsynced temp files, waiting for the batch's end (batch()).
     `existed`: (key, bytes) of the names that were there already when the batch linked them:
@@ -351,12 +368,20 @@ class _Batch:
         for temp, _, _ in self._temps:
             fsio.discard(temp)
 
+    def waiting(self) -> bool:
+        """True while objects of the batch wait for their publish."""
+        return bool(self._temps)
+
     def publish(self, medium: PosixMedium) -> None:
         """Data durable, then names, then names durable; a failed flush publishes nothing
-        more and raises (rule O4: the temp files go, never synced again)."""
+        more and raises (rule O4: the temp files go, never synced again). The batch is then
+        empty: a commit inside the block publishes it early, and the block goes on."""
+        temps = self._temps
+        if not temps:
+            return
         try:
             _sync_all(medium, "syncing a batch's bytes")
-            for temp, final, key in self._temps:
+            for temp, final, key in temps:
                 try:
                     created = fsio.link_new(temp, final)
                 except (FileNotFoundError, DurabilityError):
@@ -367,7 +392,8 @@ class _Batch:
             _sync_all(medium, "syncing a batch's names")
         finally:
             self.discard()
-        for _ in self._temps:
+            self._temps, self.data = [], {}
+        for _ in temps:
             crashpoints.reach("object.published")  # as many arrivals as a create of each
 
 
