@@ -132,18 +132,28 @@ def test_a_plan_built_from_ids_is_the_plan_the_step_by_step_build_makes(ids: tup
 
 
 def test_a_built_plan_is_checked_by_its_ids_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its shape is not looked at, nor its steps walked for their ids: the memo has them."""
     shapes: list[int] = []
-    real = plans._chain_or_none
+    read_ids: list[str] = []
+    real, real_id = plans._chain_or_none, plans._ID
 
     def counted(steps: tuple[Step, ...], ids: list[str]) -> bool:
         shapes.append(len(steps))
         return real(steps, ids)
 
+    def id_of(step: Step) -> str:
+        read_ids.append(step.id)
+        return real_id(step)
+
     monkeypatch.setattr(plans, "_chain_or_none", counted)
-    plans.validate_plan(Plan.build("built", "a", "b", "c"))
-    assert [] == shapes
+    monkeypatch.setattr(plans, "_ID", id_of)
+    built = Plan.build("built", "a", "b", "c")
+    assert ("a", "b", "c") == planmemo.known(built).ids  # type: ignore[union-attr]
+    plans.validate_plan(built)
+    assert ([], []) == (shapes, read_ids)
     plans.validate_plan(_chained_plan("made", "a", "b", "c"))  # no vouch: its shape is looked at
     assert [3] == shapes
+    assert {"a", "b", "c"} == set(read_ids)  # collected from its steps
 
 
 @pytest.mark.parametrize(

@@ -18,15 +18,17 @@ from collections.abc import Callable
 
 class Memo:
     """The facts of one plan object. `valid`: it passed the plan rules. `chained`: each step
-    is after the one before it and the first after none (`Plan.build` made it so). `digest`:
-    its id, made while its meta encoded to `meta`."""
+    is after the one before it and the first after none (`Plan.build` made it so). `ids`:
+    its step ids, when `Plan.build` made it from ids alone (chained, and no step an effect).
+    `digest`: its id, made while its meta encoded to `meta`."""
 
-    __slots__ = ("chained", "digest", "meta", "ref", "valid")
+    __slots__ = ("chained", "digest", "ids", "meta", "ref", "valid")
 
     def __init__(self, ref: weakref.ref[object]) -> None:
         self.ref = ref
         self.valid = False
         self.chained = False
+        self.ids: tuple[str, ...] | None = None
         self.digest: str | None = None
         self.meta: bytes | None = None
 

@@ -81,7 +81,8 @@ class Plan:
             afters = itertools.chain(((),), zip(ids[:-1]))
             plan = cls(name=name, steps=tuple(map(Step, ids, _NO_EFFECTS, afters)), meta=meta)
             if type(plan) is Plan and type(name) is str:  # what a memo needs (plans._memo)
-                planmemo.remember(plan).chained = True
+                memo = planmemo.remember(plan)
+                memo.chained, memo.ids = True, ids
             return plan
         built: list[Step] = []
         for item in steps:
@@ -99,7 +100,8 @@ class Plan:
         plan = cls(name=name, steps=built.steps, meta=meta, grows=True)
         memo = planmemo.known(built)
         if memo is not None and memo.chained and type(plan) is Plan:
-            planmemo.remember(plan).chained = True
+            grown = planmemo.remember(plan)
+            grown.chained, grown.ids = True, memo.ids
         return plan
 
     def index(self, step_id: str) -> int:
