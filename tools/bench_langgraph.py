@@ -1,12 +1,15 @@
 """Benchmark CastoreSaver against LangGraph's SqliteSaver on one growing conversation.
 
-    python tools/bench_langgraph.py [--steps 200] [--dir PATH]
+    python tools/bench_langgraph.py [--steps 200] [--dir PATH] [--flush auto|syncfs]
 
 Both savers, in the same run and on the same filesystem, get the same 200-step thread: at each
 step one ~200-character message is added to a `messages` channel that holds the whole
 conversation (as LangGraph's MessagesState does), `put` stores the checkpoint, `put_writes`
 the step's write, and `get_tuple` reads the latest checkpoint back. Both write durably
 (castore fsyncs every commit; SqliteSaver runs in WAL mode with sqlite's default FULL sync).
+`--flush syncfs` runs castore with CASTORE_FLUSH=syncfs (FORMAT.md 9.8): a put's objects and
+its commit then share their flushes (three in all), where by default each object of a put and
+its commit flush their own files and directories (four for a put that stores one tree).
 
 Disk: castore's is the sum of the sizes of every file in its store (`du --apparent-size`;
 the bytes, not the filesystem's blocks, which the raw lines also give), SqliteSaver's its
@@ -108,7 +111,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--dir", default=None, help="where to build the stores (a temp dir)")
+    parser.add_argument(
+        "--flush", choices=("auto", "syncfs"), default="auto", help="castore's CASTORE_FLUSH"
+    )
     args = parser.parse_args()
+    os.environ["CASTORE_FLUSH"] = args.flush  # read when the saver opens its store
     with tempfile.TemporaryDirectory(dir=args.dir) as root:
         store = os.path.join(root, "castore")
         store_in_use(store)
@@ -134,6 +141,7 @@ def main() -> int:
         )
     print(f"logical_bytes={logical} castore_bytes={ours_disk[0]} castore_allocated={ours_disk[1]}")
     print(f"sqlite_bytes={sqlite_disk[0]} sqlite_allocated={sqlite_disk[1]}")
+    print(f"flush={args.flush}")
     print(f"lg_put_vs_sqlite={mean_us(ours['put']) / mean_us(theirs['put']):.2f}")
     print(f"lg_get_tuple_vs_sqlite={mean_us(ours['get_tuple']) / mean_us(theirs['get_tuple']):.2f}")
     print(f"lg_disk_per_logical={ours_disk[0] / logical:.2f}")
