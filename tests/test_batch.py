@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 import castore
-from castore.format.layout import slot_key
+from castore.chain.trees import raw_bytes
+from castore.format.digest import hash_bytes
+from castore.format.layout import object_key, slot_key
 from castore.maintenance.fsck import Severity, check_store
 from castore.medium import fsio, groupflush
 from castore.medium.flushpolicy import FlushPolicy
@@ -172,6 +174,45 @@ def test_a_commit_inside_a_batch_whose_data_flush_fails_commits_nothing(
     run.commit_step("a", store.put_raw(b"x" * 100))
     assert 1 == run.head.seq
     assert [] == [f.code for f in check_store(store.root, jobs=1) if f.severity is Severity.ERROR]
+
+
+def test_a_commit_inside_a_batch_that_holds_nothing_yet(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain result committed in an open block: its snapshot is the batch's one object
+    (it failed with ObjectMissingError before, its snapshot waiting in the batch unnamed)."""
+    store = _store(tmp_path, monkeypatch, SHARED)
+    run = store.start("t", castore.Plan.build("p", "a", "b"))
+    with store.batch():
+        run.commit_step("a", {"rows": 3})
+        raw = store.put_raw(b"z" * 100)
+    run.commit_step("b", raw)
+    assert run.finished
+    assert [] == [f.code for f in check_store(store.root, jobs=1) if f.severity is Severity.ERROR]
+
+
+def test_a_commit_inside_a_batch_never_names_a_damaged_copy_found_under_a_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An object of the batch whose name held other bytes already (a damaged copy): the
+    batch's publish finds the name, the check that follows reads it, and the commit fails
+    before its commit point (ObjectCorruptError), as a put outside a batch would."""
+    store = _store(tmp_path, monkeypatch, SHARED)
+    run = store.start("t", castore.Plan.build("p", "a"))
+    body = b"x" * 100
+    damaged = Path(store.root, object_key(hash_bytes(raw_bytes(body))))
+    damaged.parent.mkdir(exist_ok=True)
+    damaged.write_bytes(raw_bytes(body)[:-1] + b"y")
+
+    def commit_in_a_batch() -> None:
+        with store.batch():
+            run.commit_step("a", store.put_raw(body))
+
+    with pytest.raises(castore.ObjectCorruptError):
+        commit_in_a_batch()
+    assert 0 == run.head.seq
+    assert not Path(store.root, slot_key("t", 1)).exists()
+    assert [] == _temps(store.root)
 
 
 def test_where_flushes_are_not_shared_each_put_publishes_itself(

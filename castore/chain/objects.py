@@ -102,6 +102,23 @@ class ObjectStore:
             if not self._refresh(key.rsplit("/", 1)[1]):
                 self.put_framed(data)
 
+    def publish_with_batch(self, data: bytes) -> bool:
+        """Inside this thread's open batch: put the framed bytes `data` (the snapshot a commit
+        is about to link) into it, and publish the batch now, each name that existed already
+        checked as a put checks it (and stored again if it went). Every object of the batch
+        is then stored, bytes and name durable: the commit may name them (FORMAT.md 9.2, "A
+        commit inside a batch"). False, doing nothing, outside a batch."""
+        if not self.medium.batch_open():
+            return False
+        self.put_framed(data, remember=False)  # one more object of the batch
+        existed = self.medium.publish_batch()
+        while existed:
+            for key, there in existed:
+                if not self._refresh(key.rsplit("/", 1)[1]):
+                    self.put_framed(there)  # joins the open batch: published just below
+            existed = self.medium.publish_batch()
+        return True
+
     def pending(self, object_id: str) -> bytes | None:
         """The bytes of an object put in this thread's open batch, not yet published."""
         return self.medium.pending(object_key(object_id))
@@ -131,8 +148,8 @@ class ObjectStore:
         """The framed bytes of an object a commit is about to name, in hand (so the commit can
         store it again if gc removes it before gc sees the commit), and its mtime refreshed.
         ObjectMissingError or ObjectCorruptError if it is neither stored nor remembered. An
-        object of this thread's open batch has no name yet: the commit's claim publishes the
-        batch before its link (FORMAT.md 9.2), so its bytes are all the commit needs."""
+        object of this thread's open batch has no name yet: the commit publishes the batch
+        before its link (`publish_with_batch`), so its bytes are all the commit needs."""
         pending = self.pending(object_id)
         if pending is not None:
             return pending

@@ -20,6 +20,7 @@ linked into a pruned range takes its slot back and loses instead of being acknow
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable, Iterable, Mapping
 
 from castore import crashpoints
@@ -225,12 +226,10 @@ class TaskSlots:
     def _claim(self, data: bytes, seq: int, expected_parent: str) -> str:
         object_id = hash_bytes(data)
         try:
-            claimed = self.medium.claim(
-                self.key(seq),
-                data,
-                alias_of=object_key(object_id),
-                alias_durable=self._objects.snapshot_names_durable,
-            )
+            if self.medium.aliases and self._objects.publish_with_batch(data):
+                claimed = self._link_published(data, seq, object_id)
+            else:
+                claimed = self._claim_alone(data, seq, object_id)
         except FileNotFoundError:
             raise ObjectMissingError(object_id, self._objects.path(object_id)) from None
         if not claimed:
@@ -240,6 +239,26 @@ class TaskSlots:
             if actual != object_id:
                 raise ConflictError(self.task_id, expected_parent, actual, seq)
         return object_id
+
+    def _claim_alone(self, data: bytes, seq: int, object_id: str) -> bool:
+        return self.medium.claim(
+            self.key(seq),
+            data,
+            alias_of=object_key(object_id),
+            alias_durable=self._objects.snapshot_names_durable,
+        )
+
+    def _link_published(self, data: bytes, seq: int, object_id: str) -> bool:
+        """The slot linked to the snapshot object a batch published with its objects (FORMAT.md
+        9.2, "A commit inside a batch"): the commit point, as the medium's claim makes it."""
+        crashpoints.reach("commit.before_link")
+        try:
+            return self.medium.link(object_key(object_id), self.key(seq))
+        except DurabilityError as exc:
+            if exc.errno != errno.ENOENT:
+                raise
+        # The object went before the link (a gc, after a long pause): store it anew, alone.
+        return self._claim_alone(data, seq, object_id)
 
     def _check_not_pruned(self, seq: int, expected_parent: str) -> None:
         """After the claim: a slot at or below the sealed mark was claimed in a name pruning

@@ -195,9 +195,9 @@ class Medium(abc.ABC):
         the snapshot's object key: a medium with hard links (`aliases`) stores the object
         there first, its name durable only with `alias_durable`, and makes the slot a second
         name of it; another stores `key` alone, and readers find the snapshot by its slot.
-        The slot's name is durable only after `flush_dir` of its directory. Inside this
-        thread's open batch, the objects created in it are published first, the snapshot's
-        bytes among them, every name durable before the link (FORMAT.md 9.2)."""
+        The slot's name is durable only after `flush_dir` of its directory. Never part of a
+        batch: a commit inside one publishes its snapshot with the batch first and links it
+        (castore.chain.refs, FORMAT.md 9.2)."""
 
     @abc.abstractmethod
     def link(self, source: str, key: str) -> bool:
@@ -241,13 +241,23 @@ class Medium(abc.ABC):
     @contextlib.contextmanager
     def batch(self) -> Iterator[list[tuple[str, bytes]]]:
         """Objects created in this thread inside the block may be published together when it
-        ends, with fewer flushes (FORMAT.md 9.2), or earlier by a `claim` inside the block,
-        which publishes them with its snapshot (the block then goes on); the list it yields
-        holds, once the block has ended, (key, bytes) of the names that existed already (the
-        caller checks them as it checks any create that returned False). Only objects join a
-        batch: any other create is exclusive and answers at once. Media that cannot share
-        flushes do each create on its own, as outside a block."""
+        ends, with fewer flushes (FORMAT.md 9.2), or earlier by `publish_batch` (a commit
+        inside the block publishes them with its snapshot, and the block goes on); the list
+        it yields holds, once the block has ended, (key, bytes) of the names that existed
+        already (the caller checks them as it checks any create that returned False). Only
+        objects join a batch: any other create is exclusive and answers at once. Media that
+        cannot share flushes do each create on its own, as outside a block."""
         yield []
+
+    def batch_open(self) -> bool:
+        """True inside this thread's open batch (one whose creates wait for its end)."""
+        return False
+
+    def publish_batch(self) -> list[tuple[str, bytes]]:
+        """Publish this thread's open batch now, as its end would (FORMAT.md 9.2), and keep
+        it open for what the block creates next; (key, bytes) of the names that existed
+        already, for the caller to check. Without an open batch, nothing to do."""
+        return []
 
     def pending(self, key: str) -> bytes | None:
         """The bytes of `key` if it was created in this thread's open batch and is not

@@ -192,6 +192,11 @@ class PosixMedium(Medium):
         # now (a seal inside the block, as a commit inside it may make, moves a mark).
         if opened is not None and key.startswith(_OBJECT_KEYS):
             return opened.add(self, key, directory, data)
+        return self._publish_now(directory, name, data, sync_name=sync_name, mode=mode)
+
+    def _publish_now(
+        self, directory: str, name: str, data: bytes, *, sync_name: bool, mode: int
+    ) -> bool:
         flush = self.flush
         return fsio.publish_file(
             directory,
@@ -205,15 +210,21 @@ class PosixMedium(Medium):
 
     def claim(self, key: str, data: bytes, *, alias_of: str, alias_durable: bool) -> bool:
         """The snapshot's object first (its bytes fsynced; its name synced only in a v1 store,
-        FORMAT.md 9.3 step 2), then `link()` of it as the slot: one inode, two names. Inside
-        a batch that holds objects, the snapshot joins it and the batch is published first
-        (FORMAT.md 9.2: its data flush is the snapshot's too, one flush fewer)."""
+        FORMAT.md 9.3 step 2), then `link()` of it as the slot: one inode, two names. Never
+        part of a batch (a commit inside one publishes its snapshot with the batch first and
+        links it: castore.chain.refs)."""
         source, target = self.path(alias_of), self.path(key)
         fanout = os.path.dirname(source)
         for _ in range(_CLAIM_TRIES):
             fsio.require_real_directory(fanout)
             try:
-                self._publish_snapshot(alias_of, fanout, data, sync_name=alias_durable)
+                self._publish_now(
+                    fanout,
+                    os.path.basename(source),
+                    data,
+                    sync_name=alias_durable,
+                    mode=fsio.OBJECT_MODE,
+                )
             except FileNotFoundError:
                 fsio.make_dir_durable(fanout)  # made on first use; gc or a person may remove it
                 continue
@@ -227,16 +238,6 @@ class PosixMedium(Medium):
                     raise
                 # gc removed the object before the link (a long pause): store it anew
         raise FileNotFoundError(errno.ENOENT, "the snapshot's object kept vanishing", source)
-
-    def _publish_snapshot(self, key: str, directory: str, data: bytes, *, sync_name: bool) -> None:
-        opened: _Batch | None = getattr(self._batches, "open", None)
-        if opened is None:
-            self.create(key, data, sync_name=sync_name)
-            return
-        # A commit inside this thread's batch may name its objects: they and the snapshot
-        # share the batch's flushes, every name durable before the slot's link.
-        opened.add(self, key, directory, data)
-        opened.publish(self)
 
     def link(self, source: str, key: str) -> bool:
         return fsio.link_new(self.path(source), self.path(key))
@@ -283,6 +284,19 @@ class PosixMedium(Medium):
     def pending(self, key: str) -> bytes | None:
         opened: _Batch | None = getattr(self._batches, "open", None)
         return None if opened is None else opened.data.get(key)
+
+    def batch_open(self) -> bool:
+        return getattr(self._batches, "open", None) is not None
+
+    def publish_batch(self) -> list[tuple[str, bytes]]:
+        opened: _Batch | None = getattr(self._batches, "open", None)
+        if opened is None:
+            return []
+        before = len(opened.existed)
+        opened.publish(self)
+        existed = opened.existed[before:]
+        del opened.existed[before:]
+        return existed
 
     def lock(self, key: str, task_id: str, timeout: float) -> TaskLock | None:
         lock = TaskLock(self.path(key), task_id)
@@ -368,14 +382,11 @@ class _Batch:
         for temp, _, _ in self._temps:
             fsio.discard(temp)
 
-    def waiting(self) -> bool:
-        """True while objects of the batch wait for their publish."""
-        return bool(self._temps)
-
     def publish(self, medium: PosixMedium) -> None:
         """Data durable, then names, then names durable; a failed flush publishes nothing
         more and raises (rule O4: the temp files go, never synced again). The batch is then
-        empty: a commit inside the block publishes it early, and the block goes on."""
+        empty: a commit inside the block publishes it early (publish_batch), and the block
+        goes on. Nothing to publish, no flush."""
         temps = self._temps
         if not temps:
             return
