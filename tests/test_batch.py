@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import castore
+from castore.chain.objects import ObjectStore
 from castore.chain.trees import raw_bytes
 from castore.format.digest import hash_bytes
 from castore.format.layout import object_key, slot_key
@@ -212,6 +213,90 @@ def test_a_commit_inside_a_batch_never_names_a_damaged_copy_found_under_a_name(
         commit_in_a_batch()
     assert 0 == run.head.seq
     assert not Path(store.root, slot_key("t", 1)).exists()
+    assert [] == _temps(store.root)
+
+
+def test_an_object_gone_after_the_link_is_stored_again_and_published_before_the_ack(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gc sets the raw object aside between the batch's publish and the commit's look after
+    its link: the commit stores it again, and, inside the block still, publishes it (bytes
+    and name durable) before it returns, not at the block's end."""
+    store = _store(tmp_path, monkeypatch, SHARED)
+    run = store.start("t", castore.Plan.build("p", "a"))
+    body = b"w" * 100
+    raw_path = Path(store.root, object_key(hash_bytes(raw_bytes(body))))
+    real = ObjectStore.still_named
+    set_aside: list[str] = []
+
+    def still_named(objects: ObjectStore, object_id: str) -> bool:
+        if object_id == raw_path.name and not set_aside and raw_path.exists():
+            raw_path.unlink()  # what gc's set-aside does to the name
+            set_aside.append(object_id)
+        return real(objects, object_id)
+
+    monkeypatch.setattr(ObjectStore, "still_named", still_named)
+    with store.batch():
+        raw = store.put_raw(body)
+        flushes = Flushes(monkeypatch)
+        run.commit_step("a", raw)
+        assert [raw.raw] == set_aside
+        assert raw_path.exists()
+        assert store.objects.pending(raw.raw) is None
+        assert flushes.made[-2:] == ["syncfs", "syncfs"]  # its publish, after the slot's flush
+    assert [] == [f.code for f in check_store(store.root, jobs=1) if f.severity is Severity.ERROR]
+
+
+def test_names_whose_batch_flush_failed_are_flushed_before_a_commit_relies_on_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The batch's names flush fails: the names exist, not known durable. A later commit
+    naming one (its bytes remembered, so not read back) flushes its directory first."""
+    store = _store(tmp_path, monkeypatch, SHARED)
+    run = store.start("t", castore.Plan.build("p", "a"))
+    flushes = Flushes(monkeypatch)
+    flushes.fail_syncfs = 2
+
+    def put_in_a_batch() -> castore.RawRef:
+        with store.batch():
+            return store.put_raw(b"v" * 100)
+
+    with pytest.raises(castore.DurabilityError, match="syncing a batch's names"):
+        put_in_a_batch()
+    raw_path = Path(store.root, object_key(hash_bytes(raw_bytes(b"v" * 100))))
+    assert raw_path.exists()
+    flushes.fail_syncfs = None
+    synced: list[str] = []
+    real_dir = fsio.fsync_dir
+    monkeypatch.setattr(fsio, "fsync_dir", lambda path: (synced.append(path), real_dir(path))[1])
+    run.commit_step("a", castore.RawRef(raw_path.name))
+    assert str(raw_path.parent) in synced
+    assert 1 == run.head.seq
+
+
+def test_a_link_that_fails_in_a_batch_fails_it_and_is_not_taken_for_an_existing_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EIO from the link of a batch's object: DurabilityError, nothing left behind, no retry
+    loop (only a missing directory or temp file means "store it again")."""
+    store = _store(tmp_path, monkeypatch, SHARED)
+    real = fsio.link_new
+
+    def link_new(source: str, target: str) -> bool:
+        if "/objects/" in target:
+            raise castore.DurabilityError(target, "linking a new name", OSError(errno.EIO, "EIO"))
+        return real(source, target)
+
+    monkeypatch.setattr(fsio, "link_new", link_new)
+    flushes = Flushes(monkeypatch)
+
+    def put_in_a_batch() -> None:
+        with store.batch():
+            store.put_raw(b"u" * 100)
+
+    with pytest.raises(castore.DurabilityError, match="linking a new name"):
+        put_in_a_batch()
+    assert ["syncfs"] == flushes.made  # stopped at the link: no names flush, no put again
     assert [] == _temps(store.root)
 
 

@@ -56,8 +56,9 @@ class ObjectStore:
         return self.put_framed(codec.frame(kind, body))
 
     def put_framed(self, data: bytes, *, remember: bool = True) -> str:
-        """Durably store already framed bytes; return their id. `remember`: keep the bytes a
-        while, for a later commit that names the object (`hold`)."""
+        """Durably store already framed bytes (inside this thread's open batch: when the
+        batch is published); return their id. `remember`: keep the bytes a while, for a
+        later commit that names the object (`hold`)."""
         medium = self.medium
         object_id = hash_bytes(data)
         key = object_key(object_id)
@@ -111,13 +112,24 @@ class ObjectStore:
         if not self.medium.batch_open():
             return False
         self.put_framed(data, remember=False)  # one more object of the batch
+        self.publish_open_batch()
+        return True
+
+    def publish_open_batch(self) -> None:
+        """Publish what waits in this thread's open batch now (nothing outside one), each
+        name that existed already checked as a put checks it, and stored again (through the
+        batch, published in turn) if it went; ObjectMissingError if one keeps vanishing."""
         existed = self.medium.publish_batch()
-        while existed:
+        for _ in range(_PUBLISH_TRIES):
+            if not existed:
+                return
             for key, there in existed:
                 if not self._refresh(key.rsplit("/", 1)[1]):
                     self.put_framed(there)  # joins the open batch: published just below
             existed = self.medium.publish_batch()
-        return True
+        if existed:
+            object_id = existed[0][0].rsplit("/", 1)[1]
+            raise ObjectMissingError(object_id, self.path(object_id))
 
     def pending(self, object_id: str) -> bytes | None:
         """The bytes of an object put in this thread's open batch, not yet published."""

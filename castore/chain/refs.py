@@ -226,8 +226,11 @@ class TaskSlots:
     def _claim(self, data: bytes, seq: int, expected_parent: str) -> str:
         object_id = hash_bytes(data)
         try:
-            if self.medium.aliases and self._objects.publish_with_batch(data):
-                claimed = self._link_published(data, seq, object_id)
+            if self._objects.publish_with_batch(data):
+                published = self.medium.aliases  # else the slot is a copy: the claim writes it
+                claimed = (self._link_published if published else self._claim_alone)(
+                    data, seq, object_id
+                )
             else:
                 claimed = self._claim_alone(data, seq, object_id)
         except FileNotFoundError:
@@ -282,6 +285,8 @@ class TaskSlots:
         for other, other_data in held.items():
             if not self._objects.still_named(other):
                 self._objects.put_framed(other_data)
+        # Inside a batch, what was stored again waits in it: published before the ack.
+        self._objects.publish_open_batch()
 
     def _actual(self, seq: int) -> str:
         try:

@@ -55,7 +55,8 @@ def build_packs(
     the bytes of the anchor's last snapshot), at most `every` per pack, chained by prev.
     `records`, if given, runs beside `framed`: the record each was encoded from in this
     process, or None (packs.build). Returns the anchor naming the newest and the ids
-    written. Each pack is durable before this returns, so a commit may name it."""
+    written. Each pack is durable before this returns (inside a batch: before the commit
+    that names it links its slot, which publishes the batch first), so a commit may name it."""
     if not framed:
         raise UsageError("nothing to seal")
     written: list[str] = []

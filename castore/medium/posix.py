@@ -45,6 +45,10 @@ class PosixMedium(Medium):
         self._flush: groupflush.GroupFlush | None = None
         self._coherent: bool | None = None
         self._batches = threading.local()  # the open batch of each thread (batch())
+        # Names a batch linked whose flush then failed: not known durable. Whoever relies on
+        # one again (touch: a commit's hold, a put that found it) flushes its directory first.
+        self._names_unsure: set[str] = set()
+        self._names_unsure_lock = threading.Lock()
 
     def path(self, key: str) -> str:
         """The filesystem path of `key` (for messages, and for the POSIX-only tools)."""
@@ -255,7 +259,20 @@ class PosixMedium(Medium):
         fsio.require_real_directory(self.path(key))
 
     def touch(self, key: str) -> bool:
-        return fsio.refresh_mtime(self.path(key))
+        path = self.path(key)
+        if self._names_unsure:
+            with self._names_unsure_lock:
+                unsure = path in self._names_unsure
+            if unsure and os.path.lexists(path):
+                self.flush.directory(os.path.dirname(path))
+                with self._names_unsure_lock:
+                    self._names_unsure.discard(path)
+        return fsio.refresh_mtime(path)
+
+    def names_unsure(self, paths: list[str]) -> None:
+        """Remember `paths`, names linked by a batch whose flush failed (see touch)."""
+        with self._names_unsure_lock:
+            self._names_unsure.update(paths)
 
     def replace(self, key: str, data: bytes) -> None:
         directory, name = os.path.split(self.path(key))
@@ -390,17 +407,25 @@ class _Batch:
         temps = self._temps
         if not temps:
             return
+        linked: list[str] = []
         try:
             _sync_all(medium, "syncing a batch's bytes")
             for temp, final, key in temps:
                 try:
                     created = fsio.link_new(temp, final)
-                except (FileNotFoundError, DurabilityError):
+                except DurabilityError as exc:
+                    if exc.errno != errno.ENOENT:
+                        raise
                     created = False  # its directory or temp went (gc): the caller republishes
                 crashpoints.reach("object.linked")
-                if not created:
+                if created:
+                    linked.append(final)
+                else:
                     self.existed.append((key, self.data[key]))
             _sync_all(medium, "syncing a batch's names")
+        except BaseException:
+            medium.names_unsure(linked)  # named, never flushed: not to be trusted as durable
+            raise
         finally:
             self.discard()
             self._temps, self.data = [], {}
