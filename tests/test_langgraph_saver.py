@@ -22,6 +22,7 @@ from castore import Store
 from castore.errors import ConflictError, UsageError
 from castore.langgraph import CastoreSaver
 from castore.langgraph.names import task_base
+from castore.langgraph.parts import Parts
 from castore.maintenance.fsck import Severity, check_store
 from tests.helpers import read_line, spawn_child, wait_stopped
 
@@ -131,6 +132,31 @@ def test_a_growing_conversation_costs_its_new_messages(tmp_path: Path) -> None:
     per_step = (sizes[159] - sizes[100]) / 59
     assert whole > 35_000
     assert per_step < 4_000, per_step
+
+
+def test_a_message_is_compressed_and_hashed_once_however_often_its_list_is_put(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each put serializes the whole list (the value is the list), but packs (zlib) only the
+    message it has not seen: the put of step 30 packs its new message and its header."""
+    packed: list[bytes] = []
+    real = Parts._pack
+
+    def pack(kind: str, data: bytes) -> bytes:
+        packed.append(data)
+        return real(kind, data)
+
+    monkeypatch.setattr(Parts, "_pack", staticmethod(pack))
+    with CastoreSaver(tmp_path / "s") as saver:
+        messages: list[Any] = []
+        parent = None
+        for step in range(31):
+            messages = [*messages, message(step)]
+            packed.clear()
+            parent = put(saver, "conv", {"messages": messages}, parent)
+        latest = saver.get_tuple(config("conv"))
+    assert 2 == len(packed)  # the new message, the put's header
+    assert messages == latest.checkpoint["channel_values"]["messages"]
 
 
 def raw_objects(root: Path) -> int:

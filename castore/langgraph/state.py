@@ -235,7 +235,7 @@ class ThreadState:
                     # Element by element: the messages a node writes are the ones the next
                     # checkpoint's list holds, stored once for both.
                     for j, item in enumerate(value):
-                        refs[f"x{i}.{j}"] = self.parts.put_body(self.parts.encode(item))
+                        refs[f"x{i}.{j}"] = self.parts.put_element(item)
                 else:
                     body = self.parts.encode(value)
                     if len(body) <= INLINE_BYTES:
