@@ -17,11 +17,12 @@ from collections.abc import Callable, Iterator
 
 from castore import crashpoints
 from castore.errors import DurabilityError, StoreIOError
-from castore.format.layout import OBJECTS_DIR, TMP_PREFIX
+from castore.format.layout import TMP_PREFIX
 from castore.format.limits import MAX_OBJECT_SIZE
 from castore.medium import fsio, fsread, groupflush, oserrors, posixinit, setaside, tasklock
 from castore.medium.base import Entry, Judge, Medium
 from castore.medium.mountinfo import names_are_coherent
+from castore.medium.posixbatch import OBJECT_KEYS, Batch
 from castore.medium.tasklock import TaskLock
 
 # gc may remove a snapshot object between its publish and the link only if the writer
@@ -190,11 +191,11 @@ class PosixMedium(Medium):
     def create(
         self, key: str, data: bytes, *, sync_name: bool = True, mode: int = fsio.OBJECT_MODE
     ) -> bool:
-        opened: _Batch | None = getattr(self._batches, "open", None)
+        opened: Batch | None = getattr(self._batches, "open", None)
         directory, name = os.path.split(self.path(key))
         # Objects only: a mark's or a lock's create is an exclusive create that must answer
         # now (a seal inside the block, as a commit inside it may make, moves a mark).
-        if opened is not None and key.startswith(_OBJECT_KEYS):
+        if opened is not None and key.startswith(OBJECT_KEYS):
             return opened.add(self, key, directory, data)
         return self._publish_now(directory, name, data, sync_name=sync_name, mode=mode)
 
@@ -288,7 +289,7 @@ class PosixMedium(Medium):
         if getattr(self._batches, "open", None) is not None or not self.flush.policy.shared:
             yield []  # nested, or nothing to share
             return
-        opened = self._batches.open = _Batch()
+        opened = self._batches.open = Batch()
         try:
             yield opened.existed
         except BaseException:
@@ -299,14 +300,14 @@ class PosixMedium(Medium):
         opened.publish(self)
 
     def pending(self, key: str) -> bytes | None:
-        opened: _Batch | None = getattr(self._batches, "open", None)
+        opened: Batch | None = getattr(self._batches, "open", None)
         return None if opened is None else opened.data.get(key)
 
     def batch_open(self) -> bool:
         return getattr(self._batches, "open", None) is not None
 
     def publish_batch(self) -> list[tuple[str, bytes]]:
-        opened: _Batch | None = getattr(self._batches, "open", None)
+        opened: Batch | None = getattr(self._batches, "open", None)
         if opened is None:
             return []
         before = len(opened.existed)
@@ -364,86 +365,6 @@ class PosixMedium(Medium):
 def _raise_listing_error(exc: OSError) -> None:
     """os.walk's onerror: a directory that cannot be listed is an error, never empty."""
     raise StoreIOError(str(exc.filename), "listing", exc) from exc
-
-
-_OBJECT_KEYS = OBJECTS_DIR + "/"
-
-
-class _Batch:
-    """Objects written as unsynced temp files, waiting for the batch's end (batch()).
-    `existed`: (key, bytes) of the names that were there already when the batch linked them:
-    the caller checks what they hold (ObjectStore does, as for any create that finds its
-    name) and publishes the bytes again if the name went meanwhile."""
-
-    def __init__(self) -> None:
-        self.data: dict[str, bytes] = {}
-        self._temps: list[tuple[str, str, str]] = []  # temp path, final path, key
-        self.existed: list[tuple[str, bytes]] = []
-
-    def add(self, medium: PosixMedium, key: str, directory: str, data: bytes) -> bool:
-        if key in self.data:
-            return True
-        fsio.require_real_directory(directory)
-        try:
-            temp = fsio.write_temp(directory, data, sync=_later)
-        except FileNotFoundError:
-            # Made on first use (gc or a person may remove it); the batch's first syncfs makes
-            # its name durable before any name is linked in it.
-            fsio.make_dir(directory)
-            temp = fsio.write_temp(directory, data, sync=_later)
-        self.data[key] = data
-        self._temps.append((temp, medium.path(key), key))
-        return True
-
-    def discard(self) -> None:
-        for temp, _, _ in self._temps:
-            fsio.discard(temp)
-
-    def publish(self, medium: PosixMedium) -> None:
-        """Data durable, then names, then names durable; a failed flush publishes nothing
-        more and raises (rule O4: the temp files go, never synced again). The batch is then
-        empty: a commit inside the block publishes it early (publish_batch), and the block
-        goes on. Nothing to publish, no flush."""
-        temps = self._temps
-        if not temps:
-            return
-        linked: list[str] = []
-        try:
-            _sync_all(medium, "syncing a batch's bytes")
-            for temp, final, key in temps:
-                try:
-                    created = fsio.link_new(temp, final)
-                except DurabilityError as exc:
-                    if exc.errno != errno.ENOENT:
-                        raise
-                    created = False  # its directory or temp went (gc): the caller republishes
-                crashpoints.reach("object.linked")
-                if created:
-                    linked.append(final)
-                else:
-                    self.existed.append((key, self.data[key]))
-            _sync_all(medium, "syncing a batch's names")
-        except BaseException:
-            medium.names_unsure(linked)  # named, never flushed: not to be trusted as durable
-            raise
-        finally:
-            self.discard()
-            self._temps, self.data = [], {}
-        for _ in temps:
-            crashpoints.reach("object.published")  # as many arrivals as a create of each
-
-
-def _sync_all(medium: PosixMedium, operation: str) -> None:
-    """One syncfs of the store's filesystem; DurabilityError naming `operation` if it fails."""
-    try:
-        medium.flush.filesystem()
-    except OSError as exc:
-        raise DurabilityError(medium.root, operation, exc) from exc
-
-
-def _later(fd: int, path: str) -> None:
-    """A batch's temp file is flushed with the others at the batch's end (one syncfs)."""
-    del fd, path
 
 
 def is_temp(name: str) -> bool:
