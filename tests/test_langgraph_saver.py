@@ -264,6 +264,15 @@ def test_sigkill_during_a_put_leaves_the_old_or_the_new_checkpoint(
 ) -> None:
     """A writer killed at a named point of a put leaves the thread readable: at the new
     checkpoint once its slot is linked, else at the previous one, every value intact."""
+    expected = [message(i) for i in range(5 if lands else 1)]
+    assert expected == killed_during_a_put(tmp_path, children, point)
+
+
+def killed_during_a_put(
+    tmp_path: Path, children: list[subprocess.Popen[str]], point: str
+) -> list[Any]:
+    """The messages thread `t` holds once a writer putting 5 (over 1) was SIGKILLed at
+    `point`; its chain verifies and fsck finds no error."""
     with CastoreSaver(tmp_path) as saver:
         put(saver, "t", {"messages": [message(0)]})
     child = spawn_child(children, WRITER, str(tmp_path), "5", crash=point)
@@ -272,8 +281,9 @@ def test_sigkill_during_a_put_leaves_the_old_or_the_new_checkpoint(
     with CastoreSaver(tmp_path) as saver:
         latest = saver.get_tuple(config("t"))
         assert saver.store.verify(task_base("t", "") + "_g0") is not None
-    expected = [message(i) for i in range(5 if lands else 1)]
-    assert expected == latest.checkpoint["channel_values"]["messages"]
+    assert [] == [f for f in check_store(str(tmp_path), jobs=1) if f.severity is Severity.ERROR]
+    messages: list[Any] = latest.checkpoint["channel_values"]["messages"]
+    return messages
 
 
 @pytest.mark.parametrize(
@@ -298,17 +308,8 @@ def test_sigkill_during_a_put_whose_commit_shares_the_batchs_flushes(
     tree and snapshot are published together before the slot's link. Killed anywhere in
     that, the thread reads the old checkpoint or the new one, and fsck finds no error."""
     monkeypatch.setenv("CASTORE_FLUSH", "syncfs")
-    with CastoreSaver(tmp_path) as saver:
-        put(saver, "t", {"messages": [message(0)]})
-    child = spawn_child(children, WRITER, str(tmp_path), "5", crash=point)
-    child.communicate(timeout=60)
-    assert -signal.SIGKILL == child.returncode
-    with CastoreSaver(tmp_path) as saver:
-        latest = saver.get_tuple(config("t"))
     expected = [message(i) for i in range(5 if lands else 1)]
-    assert expected == latest.checkpoint["channel_values"]["messages"]
-    errors = [f for f in check_store(str(tmp_path), jobs=1) if f.severity is Severity.ERROR]
-    assert [] == errors
+    assert expected == killed_during_a_put(tmp_path, children, point)
 
 
 def test_get_tuple_reads_as_many_objects_at_step_20_as_at_step_200(
