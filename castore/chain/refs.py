@@ -226,11 +226,10 @@ class TaskSlots:
     def _claim(self, data: bytes, seq: int, expected_parent: str) -> str:
         object_id = hash_bytes(data)
         try:
-            if self._objects.publish_with_batch(data):
-                published = self.medium.aliases  # else the slot is a copy: the claim writes it
-                claimed = (self._link_published if published else self._claim_alone)(
-                    data, seq, object_id
-                )
+            # Inside a batch the snapshot is published with its objects; the slot is then a
+            # second name of it (a medium without links writes the slot as a copy).
+            if self._objects.publish_with_batch(data) and self.medium.aliases:
+                claimed = self._link_published(data, seq, object_id)
             else:
                 claimed = self._claim_alone(data, seq, object_id)
         except FileNotFoundError:

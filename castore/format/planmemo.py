@@ -17,20 +17,24 @@ from collections.abc import Callable
 
 
 class Memo:
-    """The facts of one plan object. `valid`: it passed the plan rules. `chained`: each step
-    is after the one before it and the first after none (`Plan.build` made it so). `ids`:
-    its step ids, when `Plan.build` made it from ids alone (chained, and no step an effect).
-    `digest`: its id, made while its meta encoded to `meta`."""
+    """The facts of one plan object. `valid`: it passed the plan rules. `ids`: its step ids,
+    when `Plan.build` made it from ids alone, each step after the one before it and the
+    first after none (`chained`), no step an effect. `digest`: its id, made while its meta
+    encoded to `meta`."""
 
-    __slots__ = ("chained", "digest", "ids", "meta", "ref", "valid")
+    __slots__ = ("digest", "ids", "meta", "ref", "valid")
 
     def __init__(self, ref: weakref.ref[object]) -> None:
         self.ref = ref
         self.valid = False
-        self.chained = False
         self.ids: tuple[str, ...] | None = None
         self.digest: str | None = None
         self.meta: bytes | None = None
+
+    @property
+    def chained(self) -> bool:
+        """Each step after the one before it, the first after none (`Plan.build` vouched)."""
+        return self.ids is not None
 
 
 # By id() of the plan (a Plan holds a dict, so it has no hash); an entry goes with its plan.

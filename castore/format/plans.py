@@ -49,28 +49,27 @@ def validate_plan(plan: Plan) -> None:
     memo = _memo(plan)
     if memo is not None and memo.valid:
         return
-    if memo is None or not _valid_plain(plan, chained=memo.chained, ids=memo.ids):
+    if memo is None or not _valid_plain(plan, ids=memo.ids):
         _validate(plan)  # the step by step check, and the one that says what is wrong
     if memo is not None:
         memo.valid = True
 
 
-def _valid_plain(plan: Plan, *, chained: bool = False, ids: tuple[str, ...] | None = None) -> bool:
+def _valid_plain(plan: Plan, *, ids: tuple[str, ...] | None = None) -> bool:
     """True if a plan of plain steps (`_plain_steps`) passes `_validate`, checked a whole
     sequence at a time in C, for the shapes `Plan.build` makes: each step after the one
-    before, or after none; `chained`: the caller knows it is the first (only the ids are
-    looked at); `ids`: the step ids, when the caller knows them (planmemo). False means
-    "look closer", never "invalid": `_validate` decides (and says what is wrong) for every
-    other plan."""
+    before, or after none; `ids`: the step ids of a plan `Plan.build` made from them (a
+    chain: only the ids are looked at; planmemo). False means "look closer", never
+    "invalid": `_validate` decides (and says what is wrong) for every other plan."""
     if plan.grows is not None and plan.grows is not True:
         return False
     steps = plan.steps
     if not steps:
         return bool(plan.grows)
-    if chained and ids is not None:
+    if ids is not None:
         return _valid_ids(ids)  # Plan.build's ids: no pass over the steps to collect them
     listed = list(map(_ID, steps))
-    return _valid_ids(listed) and (chained or _chain_or_none(steps, listed))
+    return _valid_ids(listed) and _chain_or_none(steps, listed)
 
 
 def _valid_ids(ids: Sequence[str]) -> bool:

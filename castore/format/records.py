@@ -81,8 +81,7 @@ class Plan:
             afters = itertools.chain(((),), zip(ids[:-1]))
             plan = cls(name=name, steps=tuple(map(Step, ids, _NO_EFFECTS, afters)), meta=meta)
             if type(plan) is Plan and type(name) is str:  # what a memo needs (plans._memo)
-                memo = planmemo.remember(plan)
-                memo.chained, memo.ids = True, ids
+                planmemo.remember(plan).ids = ids
             return plan
         built: list[Step] = []
         for item in steps:
@@ -100,8 +99,7 @@ class Plan:
         plan = cls(name=name, steps=built.steps, meta=meta, grows=True)
         memo = planmemo.known(built)
         if memo is not None and memo.chained and type(plan) is Plan:
-            grown = planmemo.remember(plan)
-            grown.chained, grown.ids = True, memo.ids
+            planmemo.remember(plan).ids = memo.ids
         return plan
 
     def index(self, step_id: str) -> int:
