@@ -261,7 +261,7 @@ class Medium(abc.ABC):
 
     def pending(self, key: str) -> bytes | None:
         """The bytes of `key` if it was created in this thread's open batch and is not
-        published yet (it has no name until the batch ends or a claim publishes it)."""
+        published yet (it has no name until the batch ends or `publish_batch` publishes it)."""
         del key
         return None
 
