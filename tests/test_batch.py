@@ -15,7 +15,7 @@ from castore.chain.trees import raw_bytes
 from castore.format.digest import hash_bytes
 from castore.format.layout import object_key, slot_key
 from castore.maintenance.fsck import Severity, check_store
-from castore.medium import fsio, groupflush
+from castore.medium import fsio, groupflush, posixbatch
 from castore.medium.flushpolicy import FlushPolicy
 from tests.helpers import make_every_fanout, object_files
 
@@ -251,9 +251,12 @@ def test_names_whose_batch_flush_failed_are_flushed_before_a_commit_relies_on_th
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The batch's names flush fails: the names exist, not known durable. A later commit
-    naming one (its bytes remembered, so not read back) flushes its directory first."""
+    naming one flushes its directory first, also one made through another Store object of
+    the same process (the first one's bytes remembered, the second's read back)."""
     store = _store(tmp_path, monkeypatch, SHARED)
-    run = store.start("t", castore.Plan.build("p", "a"))
+    monkeypatch.setattr(posixbatch, "_UNSURE", set())  # this test's names only
+    store.start("t", castore.Plan.build("p", "a", "b")).close()
+    other = castore.Store.open(store.root).resume("t", castore.Plan.build("p", "a", "b"))
     flushes = Flushes(monkeypatch)
     flushes.fail_syncfs = 2
 
@@ -269,9 +272,44 @@ def test_names_whose_batch_flush_failed_are_flushed_before_a_commit_relies_on_th
     synced: list[str] = []
     real_dir = fsio.fsync_dir
     monkeypatch.setattr(fsio, "fsync_dir", lambda path: (synced.append(path), real_dir(path))[1])
-    run.commit_step("a", castore.RawRef(raw_path.name))
+    other.commit_step("a", castore.RawRef(raw_path.name))
     assert str(raw_path.parent) in synced
-    assert 1 == run.head.seq
+    assert 1 == other.head.seq
+    synced.clear()
+    other.commit_step("b", castore.RawRef(raw_path.name))  # kept: flushed at every reliance
+    assert str(raw_path.parent) in synced
+
+
+def test_a_failure_after_the_link_is_an_uncertain_commit_not_a_failed_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gc takes the raw object after the slot's link, and storing it again fails (its
+    publish's first syncfs): the slot is there and durable, so the commit is reported as
+    CommitUncertainError and the run stops, never as a commit that was not made."""
+    store = _store(tmp_path, monkeypatch, SHARED)
+    run = store.start("t", castore.Plan.build("p", "a", "b"))
+    body = b"s" * 100
+    raw_path = Path(store.root, object_key(hash_bytes(raw_bytes(body))))
+    real = ObjectStore.still_named
+
+    def still_named(objects: ObjectStore, object_id: str) -> bool:
+        if object_id == raw_path.name and raw_path.exists():
+            raw_path.unlink()  # what gc's set-aside does to the name
+        return real(objects, object_id)
+
+    monkeypatch.setattr(ObjectStore, "still_named", still_named)
+    flushes = Flushes(monkeypatch)
+    flushes.fail_syncfs = 3  # the batch's two, then the first of the object stored again
+
+    def commit_in_a_batch() -> None:
+        with store.batch():
+            run.commit_step("a", store.put_raw(body))
+
+    with pytest.raises(castore.CommitUncertainError, match="was made"):
+        commit_in_a_batch()
+    assert Path(store.root, slot_key("t", 1)).exists()
+    with pytest.raises(castore.CommitUncertainError):
+        run.commit_step("a", 1)  # the run is stale: it must be resumed
 
 
 def test_a_link_that_fails_in_a_batch_fails_it_and_is_not_taken_for_an_existing_name(

@@ -32,6 +32,7 @@ from castore.errors import (
     CommitUncertainError,
     ConflictError,
     DurabilityError,
+    IntegrityError,
     ObjectMissingError,
 )
 from castore.format import layout
@@ -208,7 +209,8 @@ class TaskSlots:
         result blob, a plan at seq 0 or after an override); they must exist (else
         ObjectMissingError, before the commit point), and are stored again if gc removes
         them meanwhile. Returns the snapshot id. Raises ConflictError, having written no
-        slot, if another writer already committed sequence `seq`.
+        slot, if another writer already committed sequence `seq`; CommitUncertainError for
+        any failure after the slot's link.
         """
         held = {object_id: self._objects.hold(object_id) for object_id in relies_on}
         object_id = self._claim(data, seq, expected_parent)
@@ -219,7 +221,13 @@ class TaskSlots:
             self.medium.flush_dir(self.chain_key)
         except DurabilityError as exc:
             raise CommitUncertainError(self.path(seq), exc) from exc
-        self._recheck(object_id, seq, data, held)
+        try:
+            self._recheck(object_id, seq, data, held)
+        except (OSError, IntegrityError) as exc:
+            # After the commit point nothing may read as "not committed" (FORMAT.md 9.3).
+            cause = exc if isinstance(exc, OSError) else OSError(errno.EIO, str(exc))
+            where = "storing again an object gc took meanwhile failed"
+            raise CommitUncertainError(self.path(seq), cause, after_link=where) from exc
         crashpoints.reach("commit.done")
         return object_id
 
@@ -280,11 +288,15 @@ class TaskSlots:
                 self.medium.link(self.key(seq), object_key(object_id))
                 self.medium.flush_dir(fanout_key(object_id))
             except DurabilityError:
-                self._objects.put_framed(data, remember=False)
+                self._store_again(data, remember=False)
         for other, other_data in held.items():
             if not self._objects.still_named(other):
-                self._objects.put_framed(other_data)
-        # Inside a batch, what was stored again waits in it: published before the ack.
+                self._store_again(other_data)
+
+    def _store_again(self, data: bytes, *, remember: bool = True) -> None:
+        """Publish `data` again, durable before the next look: inside a batch a put waits in
+        it, and a tree must have its name back before its parts are looked at (gc.py)."""
+        self._objects.put_framed(data, remember=remember)
         self._objects.publish_open_batch()
 
     def _actual(self, seq: int) -> str:

@@ -156,9 +156,17 @@ def _capital(text: str) -> str:
 class CommitUncertainError(DurabilityError):
     """The commit point was taken but could not be made durable: it may or may not survive."""
 
-    def __init__(self, path: str, cause: OSError, *, known_written: bool = True) -> None:
+    def __init__(
+        self, path: str, cause: OSError, *, known_written: bool = True, after_link: str = ""
+    ) -> None:
         self.path = path
-        if known_written:
+        if after_link:  # durable, but an object it names could not be stored again
+            self.operation = "storing again an object the commit names"
+            what = (
+                f"the commit {path} was made (its chain slot is durable), but {after_link} "
+                f"({_reason(cause)}): an object it names may be missing"
+            )
+        elif known_written:
             self.operation = "syncing the chain directory after the commit point"
             what = (
                 f"the commit {path} was written (its chain slot exists), but syncing the chain "

@@ -22,7 +22,7 @@ from castore.format.limits import MAX_OBJECT_SIZE
 from castore.medium import fsio, fsread, groupflush, oserrors, posixinit, setaside, tasklock
 from castore.medium.base import Entry, Judge, Medium
 from castore.medium.mountinfo import names_are_coherent
-from castore.medium.posixbatch import OBJECT_KEYS, Batch
+from castore.medium.posixbatch import OBJECT_KEYS, Batch, name_unsure
 from castore.medium.tasklock import TaskLock
 
 # gc may remove a snapshot object between its publish and the link only if the writer
@@ -46,10 +46,6 @@ class PosixMedium(Medium):
         self._flush: groupflush.GroupFlush | None = None
         self._coherent: bool | None = None
         self._batches = threading.local()  # the open batch of each thread (batch())
-        # Names a batch linked whose flush then failed: not known durable. Whoever relies on
-        # one again (touch: a commit's hold, a put that found it) flushes its directory first.
-        self._names_unsure: set[str] = set()
-        self._names_unsure_lock = threading.Lock()
 
     def path(self, key: str) -> str:
         """The filesystem path of `key` (for messages, and for the POSIX-only tools)."""
@@ -261,19 +257,11 @@ class PosixMedium(Medium):
 
     def touch(self, key: str) -> bool:
         path = self.path(key)
-        if self._names_unsure:
-            with self._names_unsure_lock:
-                unsure = path in self._names_unsure
-            if unsure and os.path.lexists(path):
-                self.flush.directory(os.path.dirname(path))
-                with self._names_unsure_lock:
-                    self._names_unsure.discard(path)
+        # A name a failed batch left (posixbatch.name_unsure): its directory flushed first,
+        # at every reliance (kept: a later failed batch may name it again meanwhile).
+        if name_unsure(path) and os.path.lexists(path):
+            self.flush.directory(os.path.dirname(path))
         return fsio.refresh_mtime(path)
-
-    def names_unsure(self, paths: list[str]) -> None:
-        """Remember `paths`, names linked by a batch whose flush failed (see touch)."""
-        with self._names_unsure_lock:
-            self._names_unsure.update(paths)
 
     def replace(self, key: str, data: bytes) -> None:
         directory, name = os.path.split(self.path(key))

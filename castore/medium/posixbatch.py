@@ -6,6 +6,7 @@ their names; early, when a commit inside the block publishes it with its snapsho
 from __future__ import annotations
 
 import errno
+import threading
 from typing import Protocol
 
 from castore import crashpoints
@@ -25,7 +26,21 @@ class Host(Protocol):
 
     def path(self, key: str) -> str: ...
 
-    def names_unsure(self, paths: list[str]) -> None: ...
+
+# Names a batch linked, or found there already, before its names flush failed: not known to be
+# durable. Kept for the whole process (every medium opened on the store: FORMAT.md 9.2), and
+# for its life: whoever relies on one (PosixMedium.touch: a commit's hold, a put that finds
+# it) flushes its directory first, every time.
+_UNSURE: set[str] = set()
+_UNSURE_LOCK = threading.Lock()
+
+
+def name_unsure(path: str) -> bool:
+    """True if `path` is a name a failed batch left (see _UNSURE)."""
+    if not _UNSURE:
+        return False
+    with _UNSURE_LOCK:
+        return path in _UNSURE
 
 
 OBJECT_KEYS = OBJECTS_DIR + "/"
@@ -69,7 +84,6 @@ class Batch:
         temps = self._temps
         if not temps:
             return
-        linked: list[str] = []
         try:
             _sync_all(medium, "syncing a batch's bytes")
             for temp, final, key in temps:
@@ -80,13 +94,12 @@ class Batch:
                         raise
                     created = False  # its directory or temp went (gc): the caller republishes
                 crashpoints.reach("object.linked")
-                if created:
-                    linked.append(final)
-                else:
+                if not created:
                     self.existed.append((key, self.data[key]))
             _sync_all(medium, "syncing a batch's names")
         except BaseException:
-            medium.names_unsure(linked)  # named, never flushed: not to be trusted as durable
+            with _UNSURE_LOCK:  # named (by it or before it), never flushed since
+                _UNSURE.update(final for _, final, _ in temps)
             raise
         finally:
             self.discard()
