@@ -226,8 +226,7 @@ class TaskSlots:
         except (OSError, IntegrityError) as exc:
             # After the commit point nothing may read as "not committed" (FORMAT.md 9.3).
             cause = exc if isinstance(exc, OSError) else OSError(errno.EIO, str(exc))
-            where = "storing again an object gc took meanwhile failed"
-            raise CommitUncertainError(self.path(seq), cause, after_link=where) from exc
+            raise CommitUncertainError(self.path(seq), cause, restore=True) from exc
         crashpoints.reach("commit.done")
         return object_id
 

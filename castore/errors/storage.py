@@ -157,14 +157,15 @@ class CommitUncertainError(DurabilityError):
     """The commit point was taken but could not be made durable: it may or may not survive."""
 
     def __init__(
-        self, path: str, cause: OSError, *, known_written: bool = True, after_link: str = ""
+        self, path: str, cause: OSError, *, known_written: bool = True, restore: bool = False
     ) -> None:
         self.path = path
-        if after_link:  # durable, but an object it names could not be stored again
+        if restore:  # durable, but an object it names could not be stored again
             self.operation = "storing again an object the commit names"
             what = (
-                f"the commit {path} was made (its chain slot is durable), but {after_link} "
-                f"({_reason(cause)}): an object it names may be missing"
+                f"the commit {path} was made (its chain slot is durable), but storing again "
+                f"an object gc took meanwhile failed ({_reason(cause)}): an object it names "
+                "may be missing"
             )
         elif known_written:
             self.operation = "syncing the chain directory after the commit point"
