@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-import castore.maintenance.fsck.forked
+import castore.maintenance.forked
 from castore.errors import WorkerFailedError
-from castore.maintenance.fsck.forked import ForkedMap
+from castore.maintenance.forked import ForkedMap
 
 PARENT = os.getpid()
 
@@ -148,7 +148,7 @@ def test_a_worker_dead_with_the_counters_lock_held_is_an_error_not_a_hang(
 ) -> None:
     """Killed (the OOM killer, say) between taking the shared counter's lock and giving it
     back: nobody can take a unit again, and the caller says so."""
-    real = castore.maintenance.fsck.forked._take
+    real = castore.maintenance.forked._take
 
     def die_holding_the_lock(taken: Any, count: int) -> int | None:
         if os.getpid() != PARENT:
@@ -157,7 +157,7 @@ def test_a_worker_dead_with_the_counters_lock_held_is_an_error_not_a_hang(
         return real(taken, count)
 
     monkeypatch.setattr(
-        castore.maintenance.fsck.forked, "_take", die_holding_the_lock
+        castore.maintenance.forked, "_take", die_holding_the_lock
     )  # workers' only
     started = time.monotonic()
     with (
@@ -173,7 +173,7 @@ def test_workers_stop_when_the_caller_is_killed() -> None:
     rather than wait forever to be read."""
     script = (
         "import os, signal, sys\n"
-        "from castore.maintenance.fsck.forked import ForkedMap\n"
+        "from castore.maintenance.forked import ForkedMap\n"
         "def work(unit): return b'x' * 300_000\n"
         "forked = ForkedMap(work, list(range(100)), jobs=3)\n"
         "print(' '.join(str(w.pid) for w, _ in forked._workers), flush=True)\n"
@@ -251,7 +251,7 @@ def test_a_caller_that_exits_with_workers_still_running_is_not_held_up() -> None
     SIGTERM, multiprocessing's way of ending daemon children at exit) are killed, and the
     script ends at once instead of joining workers stuck on a full pipe."""
     script = (
-        "from castore.maintenance.fsck.forked import ForkedMap\n"
+        "from castore.maintenance.forked import ForkedMap\n"
         "def work(unit): return b'x' * 300_000\n"
         "forked = ForkedMap(work, list(range(100)), jobs=3)\n"
         "results = iter(forked)\n"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import functools
+import os
 from typing import TYPE_CHECKING
 
 from castore.cli import threads
@@ -13,8 +15,9 @@ from castore.cli.common import (
     EXIT_UNKNOWN_OUTCOME,
     emit_json,
     open_store,
+    positive_int,
 )
-from castore.errors import UsageError
+from castore.errors import UsageError, WorkerFailedError
 from castore.format.layout import display_name, encode_task_id
 
 if TYPE_CHECKING:
@@ -113,6 +116,40 @@ def _summary_line(counts: dict[str, int]) -> str:
     )
 
 
+# Tasks a process reads before another is worth forking (a fork and the pickling of its
+# results cost about as much as reading this many HEADs; issue 26).
+MIN_SHARE = 250
+_UNIT = 50  # tasks a unit of work: small, so that the processes finish together
+
+
+def _read_statuses(
+    store: Store, tasks: list[str], *, verify: bool, jobs: int | None
+) -> list[TaskStatus]:
+    """Each task's status, in order: in this process, or (a store of many tasks on a local
+    disk) by forked processes too, each reading HEADs independently (threads would share
+    one interpreter lock)."""
+    read = functools.partial(_read_unit, store, verify)
+    jobs = min(jobs or os.cpu_count() or 1, len(tasks) // MIN_SHARE or 1)
+    if jobs == 1 or store.medium.kind != "posix":
+        return read(tasks)
+    from castore.maintenance import forked  # noqa: PLC0415 - multiprocessing, when it pays
+
+    if not forked.may_fork():
+        return read(tasks)
+    units = [tasks[start : start + _UNIT] for start in range(0, len(tasks), _UNIT)]
+    try:
+        with forked.ForkedMap(read, units, jobs) as statuses:
+            return [status for unit in statuses for status in unit]
+    except WorkerFailedError:
+        # A worker's error (a task it could not read) is raised as this process raises it,
+        # with its own exit status: read every task here, as --jobs 1 does.
+        return read(tasks)
+
+
+def _read_unit(store: Store, verify: bool, tasks: list[str]) -> list[TaskStatus]:
+    return [store.status(task, verify=verify) for task in tasks]
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     if args.thread is not None and args.task is not None:
         raise UsageError("give a TASK (or glob) or --thread NAME, not both")
@@ -120,7 +157,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     tasks = threads.selected(args, store.tasks() if args.thread is not None else ())
     if tasks is None:
         tasks = _selected_tasks(store, args.task)
-    statuses = [store.status(task, verify=args.verify) for task in tasks]
+    statuses = _read_statuses(store, tasks, verify=args.verify, jobs=args.jobs)
     statuses = [status for status in statuses if _wanted(status, args)]
     counts = summary(statuses)
     if args.json:
@@ -158,6 +195,13 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--verify",
         action="store_true",
         help="verify each whole chain back to its plan root, as a resume does (default: HEAD only)",
+    )
+    status.add_argument(
+        "--jobs",
+        type=positive_int,
+        metavar="N",
+        help=f"processes reading the tasks, this one included (default: CPUs, with at least "
+        f"{MIN_SHARE} tasks each; 1: this process alone)",
     )
     status.add_argument(
         "--json",

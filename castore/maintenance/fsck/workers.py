@@ -4,15 +4,14 @@ pass), then batches of objects no chain covered (the direct checks)."""
 from __future__ import annotations
 
 import functools
-import threading
 from array import array
 from collections.abc import Iterator
 from itertools import islice
 from typing import Any
 
 from castore.format.model import attrs
+from castore.maintenance.forked import ForkedMap, may_fork
 from castore.maintenance.fsck.findings import Finding
-from castore.maintenance.fsck.forked import ForkedMap
 from castore.maintenance.fsck.named import NamedObjects
 from castore.maintenance.fsck.objects import ObjectReport, check_object
 from castore.maintenance.fsck.tasks import SlotCheck, TaskCheck
@@ -138,7 +137,7 @@ class Workers:
         return (report for batch in forked for report in batch)
 
     def _worth_forking(self, enough_work: bool) -> bool:
-        return enough_work and self._jobs > 1 and _may_fork()
+        return enough_work and self._jobs > 1 and may_fork()
 
     def _started(self, forked: ForkedMap[Any, Any]) -> ForkedMap[Any, Any]:
         self._maps.append(forked)  # stopped on exit, however the caller leaves
@@ -151,12 +150,3 @@ PARALLEL_OBJECTS = 200  # objects left to check directly; fewer are checked in t
 def check_batch(medium: Medium, batch: list[tuple[str, str]]) -> list[ObjectReport]:
     """Check some objects by path (a unit of work for a worker process)."""
     return [attrs.evolve(check_object(medium, relpath, i), record=None) for relpath, i in batch]
-
-
-def _may_fork() -> bool:
-    """Fork starts workers at once, with the modules this process has imported; but only
-    when this process runs no other thread (a Watcher, an application's own): a forked child
-    would inherit their locks as they are, held or not. The other start methods re-run the
-    caller's main script in each worker, which a script without a __main__ guard does not
-    survive; so with other threads, fsck works in this process."""
-    return threading.active_count() == 1

@@ -15,6 +15,7 @@ import fcntl
 import multiprocessing
 import multiprocessing.util
 import signal
+import threading
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import Connection, wait
@@ -133,6 +134,15 @@ class ForkedMap(Generic[T, R]):
             worker.join(timeout=5)  # its pipe is closed: it has ended, or is ending
         codes = [worker.exitcode for worker, _ in self._workers]
         return f"no result for unit {index} of {len(self._units)}; exit statuses {codes}"
+
+
+def may_fork() -> bool:
+    """Fork starts workers at once, with the modules this process has imported; but only
+    when this process runs no other thread (a Watcher, an application's own): a forked child
+    would inherit their locks as they are, held or not. The other start methods re-run the
+    caller's main script in each worker, which a script without a __main__ guard does not
+    survive; so with other threads, the caller works in this process alone."""
+    return threading.active_count() == 1
 
 
 def _stop(workers: list[tuple[multiprocessing.process.BaseProcess, Connection]]) -> None:
