@@ -12,19 +12,20 @@ import pytest
 
 import castore
 from castore.format import planmemo, plans
+from castore.format.digest import hash_bytes
 from castore.format.records import Plan, Step
 
 
 def _count_encodings(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """A list that grows by one each time a plan's steps are encoded."""
     calls: list[int] = []
-    real = plans._encoded_steps
+    real = plans._plan_pieces
 
-    def counted(steps: tuple[Step, ...]) -> list[bytes | memoryview]:
-        calls.append(len(steps))
-        return real(steps)
+    def counted(plan: Plan, **how: Any) -> list[bytes | memoryview]:
+        calls.append(len(plan.steps))
+        return real(plan, **how)
 
-    monkeypatch.setattr(plans, "_encoded_steps", counted)
+    monkeypatch.setattr(plans, "_plan_pieces", counted)
     return calls
 
 
@@ -129,6 +130,38 @@ def test_a_plan_built_from_ids_is_the_plan_the_step_by_step_build_makes(ids: tup
         assert memo is not None
         assert memo.chained
         assert not memo.valid
+
+
+_SLICE_EDGE = plans._SLICE  # the chain text is written a slice of ids at a time
+
+
+@pytest.mark.parametrize(
+    ("ids", "written"),
+    [
+        (("only",), True),
+        (("a", "b"), True),
+        (tuple(f"s{n}" for n in range(2 * _SLICE_EDGE + 1)), True),  # three slices
+        (tuple(f"s{n}" for n in range(_SLICE_EDGE)), True),  # exactly one
+        # A no-break space does not print (str.isprintable): the encoder decides.
+        (("é", "x y", "中文", "😀", "a/b", "<&>", "'", "no\u00a0break"), False),
+        (("é", "x y", "中文", "😀", "a/b", "<&>", "'", "~"), True),
+        ((*(f"s{n}" for n in range(_SLICE_EDGE + 5)), 'say "hi"'), False),
+        (("back\\slash", "b"), False),
+    ],
+)
+def test_a_built_plans_text_is_its_canonical_encoding(ids: tuple[str, ...], written: bool) -> None:
+    """The digest of a plan built from ids is made from text written around the ids (issue
+    26): it is the canonical encoding, byte for byte, across slice boundaries and for ids of
+    any script; an id the canonical encoding escapes (a quote, a backslash) or that does not
+    print is left to the encoder, which escapes it."""
+    built = Plan.build("job", *ids, owner="ann")
+    memo = plans._memo(built)
+    assert memo is not None
+    assert memo.ids == ids
+    canonical = plans._general_bytes(built, None)
+    assert written == (plans._chain_text(ids) is not None)
+    assert canonical == b"".join(plans._plan_pieces(built, plain=True, ids=ids))
+    assert hash_bytes(canonical) == plans.plan_id(built)
 
 
 def test_a_built_plan_is_checked_by_its_ids_only(monkeypatch: pytest.MonkeyPatch) -> None:

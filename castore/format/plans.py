@@ -123,17 +123,22 @@ def plan_bytes(plan: Plan) -> bytes:
     return b"".join(_plan_pieces(plan))
 
 
-def _plan_pieces(plan: Plan, *, plain: bool | None = None) -> list[bytes | memoryview]:
+def _plan_pieces(
+    plan: Plan, *, plain: bool | None = None, ids: tuple[str, ...] | None = None
+) -> list[bytes | memoryview]:
     """The framed bytes of a plan, in pieces whose concatenation they are. Every resume
-    hashes the caller's plan: its steps (all of the bytes of a long plan) are encoded in C,
-    a slice at a time, when they hold exact types only; the name and meta as any record's
-    fields are; anything else takes the general path, in one piece."""
+    hashes the caller's plan: its steps (all of the bytes of a long plan) are written around
+    their `ids` when Plan.build made them from those, else encoded in C, a slice at a time,
+    when they hold exact types only; the name and meta as any record's fields are; anything
+    else takes the general path, in one piece."""
     version = 2 if plan.grows is not None else None  # a v1 reader knows no growing plan
     if plain is None:
         plain = _plain_steps(plan.steps)
     if not plain or plan.grows not in (None, True):
         return [_general_bytes(plan, version)]
-    steps = _encoded_steps(plan.steps)
+    steps = _chain_text(ids) if ids else None
+    if steps is None:
+        steps = _encoded_steps(plan.steps)
     if steps is None:  # a lone surrogate: the general path says where
         return [_general_bytes(plan, version)]
     head = b'{%s"meta":%s,"name":%s,"steps":' % (
@@ -163,6 +168,36 @@ def _encoded_steps(steps: tuple[Step, ...]) -> list[bytes | memoryview] | None:
     return [*pieces, b"]"]
 
 
+# Plan.build's steps as JSON around their ids (keys sorted: after, effect, id): the first
+# step after none, each next one after the id before it.
+_FIRST_STEP = b'[{"after":[],"effect":false,"id":"'
+_NEXT_STEP = '"},{"after":["'  # closes a step and opens the next, whose `after` follows
+_ITS_ID = '"],"effect":false,"id":"'
+
+
+def _chain_text(ids: tuple[str, ...]) -> list[bytes | memoryview] | None:
+    """The steps Plan.build makes of `ids` as one JSON array, written around the ids a slice
+    at a time (about four times faster than encoding the records: issue 26). A printable id
+    without a quote or a backslash is its own JSON text between quotes (the canonical
+    encoding escapes nothing else that prints); None for any other id (msgspec escapes)."""
+    pieces: list[bytes | memoryview] = []
+    for start in range(0, len(ids), _SLICE):
+        part = ids[start : start + _SLICE]
+        text = "".join(part)
+        if '"' in text or "\\" in text or not text.isprintable():
+            return None
+        # A slice's steps that follow another (all but the plan's first), and the ids they follow.
+        follow = part[1:] if start == 0 else part
+        before = ids[start - 1 : start + len(part) - 1] if start else part[:-1]
+        words = [""] * (4 * len(follow))
+        words[0::4] = [_NEXT_STEP] * len(follow)
+        words[1::4] = before
+        words[2::4] = [_ITS_ID] * len(follow)
+        words[3::4] = follow
+        pieces.append("".join(words).encode())
+    return [_FIRST_STEP + ids[0].encode(), *pieces, b'"}]']
+
+
 def _plain_steps(steps: object) -> bool:
     """True if `steps` is a tuple of Steps made of exact strs and bools (what the general
     path encodes the same way, fastdecode.encode_sorted); whole-sequence checks, in C."""
@@ -185,7 +220,8 @@ def plan_id(plan: Plan) -> str:
         return hash_chunks(_plan_pieces(plan))
     meta = codec.encode_value(codec.to_builtins(plan.meta))
     if memo.digest is None or memo.meta != meta:
-        memo.digest, memo.meta = hash_chunks(_plan_pieces(plan, plain=True)), meta
+        pieces = _plan_pieces(plan, plain=True, ids=memo.ids)
+        memo.digest, memo.meta = hash_chunks(pieces), meta
     return memo.digest
 
 
