@@ -109,7 +109,12 @@ def emit_json(kind: str, value: Mapping[str, object], *, flush: bool = False) ->
     field saying what the line is (docs/reference/cli.md, "JSON output"): the verb's name
     for a verb that prints one object, else the kind of line ("task", "finding", ...,
     "summary")."""
-    print(json.dumps({"type": kind, **value}, sort_keys=True, ensure_ascii=False), flush=flush)
+    print(json_line(kind, value), flush=flush)
+
+
+def json_line(kind: str, value: Mapping[str, object]) -> str:
+    """The line emit_json prints, without its line break (for a verb that writes many at once)."""
+    return json.dumps({"type": kind, **value}, sort_keys=True, ensure_ascii=False)
 
 
 class ArgumentFailure(Exception):

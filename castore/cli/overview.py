@@ -6,6 +6,7 @@ import argparse
 import fnmatch
 import functools
 import os
+import sys
 from typing import TYPE_CHECKING
 
 from castore.cli import threads
@@ -13,7 +14,7 @@ from castore.cli.common import (
     EXIT_INTEGRITY,
     EXIT_OK,
     EXIT_UNKNOWN_OUTCOME,
-    emit_json,
+    json_line,
     open_store,
     positive_int,
 )
@@ -160,19 +161,19 @@ def cmd_status(args: argparse.Namespace) -> int:
     statuses = _read_statuses(store, tasks, verify=args.verify, jobs=args.jobs)
     statuses = [status for status in statuses if _wanted(status, args)]
     counts = summary(statuses)
+    # One write for all the lines (thousands of tasks), not one or two a line.
     if args.json:
-        for status in statuses:
-            emit_json("task", status.to_dict())
-        emit_json("summary", {"summary": counts})
+        lines = [json_line("task", status.to_dict()) for status in statuses]
+        lines.append(json_line("summary", {"summary": counts}))
     elif not statuses:
-        print(
+        lines = [
             f"no {'matching ' if args.task or args.open or args.unresolved else ''}tasks in "
             f"{store.root}"
-        )
+        ]
     else:
-        for status in statuses:
-            print(_status_line(status))
-        print(_summary_line(counts))
+        lines = [_status_line(status) for status in statuses]
+        lines.append(_summary_line(counts))
+    sys.stdout.write("\n".join(lines) + "\n")
     if counts["broken"]:
         return EXIT_INTEGRITY
     return EXIT_UNKNOWN_OUTCOME if counts["unresolved"] else EXIT_OK

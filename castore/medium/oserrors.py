@@ -6,7 +6,6 @@ applies the same rule at the library's public boundary, for what escapes."""
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import functools
 import inspect
@@ -47,16 +46,22 @@ def io_error(path: str, operation: str, exc: OSError) -> CastoreError:
     return StoreIOError(path, operation, exc)
 
 
-@contextlib.contextmanager
-def translated(path: str, operation: str) -> Iterator[None]:
+class translated:  # lower case: used as the function it was, `with translated(...):`
     """Raise `io_error(path, operation, ...)` for an OSError of the block; FileNotFoundError
-    goes through unchanged (its caller says what the absence means)."""
-    try:
-        yield
-    except FileNotFoundError:
-        raise
-    except OSError as exc:
-        raise io_error(path, operation, exc) from exc
+    goes through unchanged (its caller says what the absence means). A class, not a
+    contextlib generator: it wraps most system calls, and costs a third as much (issue 26)."""
+
+    __slots__ = ("operation", "path")
+
+    def __init__(self, path: str, operation: str) -> None:
+        self.path, self.operation = path, operation
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, exc: BaseException | None, trace: object) -> None:
+        if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError):
+            raise io_error(self.path, self.operation, exc) from exc
 
 
 def _escaped(exc: OSError) -> CastoreError:
