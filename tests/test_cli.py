@@ -9,16 +9,18 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import shlex
 import subprocess
 import sys
 import sysconfig
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import Entry, cli, flip_bit, rewrite
+from helpers import Entry, cli, flip_bit, rewrite, wait_for
 
 import castore
 from castore.cli.demo import castore_command
@@ -108,6 +110,31 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path, lines:
     finally:
         os.close(write_end)
     assert (141, "") == (result.returncode, result.stderr)
+
+
+def test_a_reader_that_goes_away_midway_through_unbuffered_output_ends_it(tmp_path: Path) -> None:
+    """`castore status --json | head -1` with stdout unbuffered (PYTHONUNBUFFERED): output
+    past the pipe's buffer, a reader that takes one line and goes while castore is blocked
+    writing. A short write of unbuffered stdout is not reported, so status writes its lines a
+    few KiB at a time: the next write fails, and castore stops with 141, as when buffered."""
+    store = castore.Store.init(tmp_path / "store")
+    plan = castore.Plan.build("p", "a")
+    for number in range(400):  # about 140 KB of JSON lines: more than a pipe holds
+        store.start(f"t{number}", plan).close()
+    script = Path(sys.executable).parent / "castore"
+    with subprocess.Popen(
+        [str(script), "--store", store.root, "status", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    ) as process:
+        assert process.stdout is not None
+        assert process.stderr is not None
+        wait_for(lambda: select.select([process.stdout], [], [], 0.05)[0], what="output")
+        time.sleep(0.5)  # castore fills the pipe and blocks in its write
+        assert process.stdout.readline().startswith(b'{"')
+        process.stdout.close()
+        assert (141, b"") == (process.wait(timeout=120), process.stderr.read())
 
 
 def test_init_creates_a_store_and_refuses_an_existing_one(

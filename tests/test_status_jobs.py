@@ -3,29 +3,36 @@ same lines in the same order and the same exit status as one process, and an err
 met is raised as one process raises it.
 
 Each run is a fresh interpreter (one thread, so castore may fork: a pytest-xdist worker has
-more), with the share a process must have before another is forked lowered to one task, so
-that a store of ten tasks is read by three processes.
+more), with units of work of two tasks, so that `--jobs 3` spreads a store of ten tasks over
+three processes.
 """
 
 from __future__ import annotations
 
+import errno
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import flip_bit, rewrite
 from test_cli import make_finished, make_open, make_unresolved
 
 import castore
+from castore.chain.status import TaskStatus
+from castore.cli import overview
+from castore.errors import StoreIOError, TaskNotFoundError
+from castore.maintenance import forked
 
 RUN = """
 import os, sys
 import castore.cli.overview as overview
 from castore.maintenance import forked
 from castore.store import Store
-overview.MIN_SHARE, overview._UNIT = 1, 2
+overview._UNIT = 2
 parent, used, plain_status = os.getpid(), [], Store.status
 class Counted(forked.ForkedMap):
     def __init__(self, function, units, jobs):
@@ -81,17 +88,9 @@ def test_three_processes_print_what_one_prints(many: castore.Store, argv: tuple[
 
 
 def test_by_default_a_few_tasks_are_read_here_alone(many: castore.Store) -> None:
-    """Without --jobs, the real share (hundreds of tasks a process) keeps ten tasks in one
-    process: no fork."""
-    done = subprocess.run(
-        [sys.executable, "-m", "castore", "--store", many.root, "status", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert (3, "") == (done.returncode, done.stderr)
-    assert 11 == len(done.stdout.splitlines())
+    """Without --jobs, ten tasks are read in one process (a process must have hundreds)."""
+    code, out, err = status(many.root, "--json")
+    assert (3, 11, "forked: []\n") == (code, len(out.splitlines()), err)
 
 
 def test_a_task_a_worker_could_not_read_is_read_again_here(many: castore.Store) -> None:
@@ -118,3 +117,37 @@ def test_an_error_of_a_task_is_raised_with_its_own_exit_status(many: castore.Sto
     assert 7 == alone[0]
     assert "reading open-2 failed: Input/output error" in alone[2]
     assert (alone[0], alone[1], alone[2].replace("[]", "[3]")) == shared
+
+
+def test_the_error_of_the_first_task_in_order_is_raised(
+    many: castore.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """This process may meet an error at a later task while a worker is still reading an
+    earlier one that fails too (a race, so played here by a stand-in for the map): status
+    raises the earlier task's error, as --jobs 1 does, not whichever came first."""
+
+    class LaterTaskFailsFirst:
+        def __init__(self, function: object, units: object, jobs: int) -> None:
+            pass
+
+        def __enter__(self) -> LaterTaskFailsFirst:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+        def __iter__(self) -> Iterator[list[TaskStatus]]:
+            raise TaskNotFoundError("unresolved-2")
+
+    plain_status = castore.Store.status
+
+    def status_of(self: castore.Store, task: str, **options: Any) -> TaskStatus:
+        if task == "done-1":
+            raise StoreIOError(task, "reading", OSError(errno.EIO, "Input/output error"))
+        return plain_status(self, task, **options)
+
+    monkeypatch.setattr(forked, "ForkedMap", LaterTaskFailsFirst)
+    monkeypatch.setattr(forked, "may_fork", lambda: True)
+    monkeypatch.setattr(castore.Store, "status", status_of)
+    with pytest.raises(StoreIOError, match="reading done-1 failed"):
+        overview._read_statuses(many, many.tasks(), verify=False, jobs=3)

@@ -18,7 +18,7 @@ from castore.cli.common import (
     open_store,
     positive_int,
 )
-from castore.errors import UsageError, WorkerFailedError
+from castore.errors import UsageError
 from castore.format.layout import display_name, encode_task_id
 
 if TYPE_CHECKING:
@@ -130,8 +130,9 @@ def _read_statuses(
     disk) by forked processes too, each reading HEADs independently (threads would share
     one interpreter lock)."""
     read = functools.partial(_read_unit, store, verify)
-    jobs = min(jobs or os.cpu_count() or 1, len(tasks) // MIN_SHARE or 1)
-    if jobs == 1 or store.medium.kind != "posix":
+    if jobs is None:
+        jobs = min(os.cpu_count() or 1, len(tasks) // MIN_SHARE or 1)
+    if min(jobs, len(tasks)) <= 1 or store.medium.kind != "posix":
         return read(tasks)
     from castore.maintenance import forked  # noqa: PLC0415 - multiprocessing, when it pays
 
@@ -141,14 +142,26 @@ def _read_statuses(
     try:
         with forked.ForkedMap(read, units, jobs) as statuses:
             return [status for unit in statuses for status in unit]
-    except WorkerFailedError:
-        # A worker's error (a task it could not read) is raised as this process raises it,
-        # with its own exit status: read every task here, as --jobs 1 does.
+    except Exception:  # noqa: BLE001 - raised again below, by the reading that meets it first
+        # A task that could not be read (by a worker, or here while an earlier task's error
+        # was still on its way) is reported as --jobs 1 reports it: the first such task in
+        # order, with its own error and exit status. So every task is read again here.
         return read(tasks)
 
 
 def _read_unit(store: Store, verify: bool, tasks: list[str]) -> list[TaskStatus]:
     return [store.status(task, verify=verify) for task in tasks]
+
+
+def _write_lines(lines: list[str]) -> None:
+    """`lines` in writes of _LINES_A_WRITE lines, not one or two writes a line (thousands of
+    tasks): each a few KiB, so that a reader that goes away (`| head`) fails the next write
+    (a short write of unbuffered stdout is not reported)."""
+    for start in range(0, len(lines), _LINES_A_WRITE):
+        sys.stdout.write("".join(f"{line}\n" for line in lines[start : start + _LINES_A_WRITE]))
+
+
+_LINES_A_WRITE = 64
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -161,7 +174,6 @@ def cmd_status(args: argparse.Namespace) -> int:
     statuses = _read_statuses(store, tasks, verify=args.verify, jobs=args.jobs)
     statuses = [status for status in statuses if _wanted(status, args)]
     counts = summary(statuses)
-    # One write for all the lines (thousands of tasks), not one or two a line.
     if args.json:
         lines = [json_line("task", status.to_dict()) for status in statuses]
         lines.append(json_line("summary", {"summary": counts}))
@@ -173,7 +185,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     else:
         lines = [_status_line(status) for status in statuses]
         lines.append(_summary_line(counts))
-    sys.stdout.write("\n".join(lines) + "\n")
+    _write_lines(lines)
     if counts["broken"]:
         return EXIT_INTEGRITY
     return EXIT_UNKNOWN_OUTCOME if counts["unresolved"] else EXIT_OK
