@@ -9,12 +9,11 @@ from __future__ import annotations
 import itertools
 import os
 import re
-import secrets
-import socket
 import unicodedata
 from typing import Any
 
 from castore.errors import InvalidObjectIdError, InvalidTaskIdError
+from castore.format import identity
 
 MARKER_NAME = "castore.json"
 OBJECTS_DIR = "objects"
@@ -194,8 +193,12 @@ def temp_name() -> str:
     """A temp file name that says who wrote it, so fsck and gc can classify leftovers."""
     pid = os.getpid()
     if _temp_names[0] != pid:  # first use in this process (a fork resets it): a new start
-        label = _host_label(socket.gethostname())
-        _temp_names[:] = [pid, f"{TMP_PREFIX}{label}-{pid}-", itertools.count(secrets.randbits(48))]
+        label = _host_label(identity.host_name())
+        _temp_names[:] = [
+            pid,
+            f"{TMP_PREFIX}{label}-{pid}-",
+            itertools.count(identity.random_bits(48)),
+        ]
     _, prefix, counter = _temp_names
     return f"{prefix}{next(counter) & _MASK48:012x}"
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import secrets
-import socket
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +21,7 @@ from castore.errors import (
     ConflictError,
     UsageError,
 )
+from castore.format import identity
 from castore.format.digest import hash_bytes
 from castore.format.effects import ChainClock
 from castore.format.links import decode_snapshot
@@ -92,7 +91,7 @@ class RunCore:
         # power loss without it, a gap no resume gets past. The first commit syncs it first.
         self._head_durable = False
         self._reached: set[str] = set()  # objects this run's acknowledged commits reach
-        self._writer = Writer(socket.gethostname(), os.getpid(), secrets.token_hex(8))
+        self._writer = Writer(identity.host_name(), os.getpid(), identity.token_hex(8))
         # Set by resume when the environment check was deferred until in-flight effects settle.
         self.env_unverified = False
         self._sealer: Sealer | None = None

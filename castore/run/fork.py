@@ -17,8 +17,6 @@ cannot take for the source's.
 from __future__ import annotations
 
 import os
-import secrets
-import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -37,7 +35,7 @@ from castore.errors import (
     TaskExistsError,
     UsageError,
 )
-from castore.format import codec
+from castore.format import codec, identity
 from castore.format.layout import validate_object_id
 from castore.format.model import attrs
 from castore.format.records import (
@@ -100,7 +98,7 @@ def fork(
         transition=Transition(TransitionKind.START),
         env=snapshot.env,
         time_ms=now,
-        writer=Writer(socket.gethostname(), os.getpid(), secrets.token_hex(8)),
+        writer=Writer(identity.host_name(), os.getpid(), identity.token_hex(8)),
         fork=Fork(snapshot.task, seq, snapshot_id, tree_id),
         # A growing plan's decisions come along; a fork goes on, so it is not finished.
         grown=None if snapshot.grown is None else attrs.evolve(snapshot.grown, finished=False),

@@ -27,16 +27,18 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from castore.errors import StepInFlightError
+from castore.format import identity
 from castore.format.model import attrs
 from castore.format.records import EffectRecord, EffectState, Snapshot, TransitionKind, Writer
 from castore.run.contract import RunView
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
 
 PROC = "/proc"  # procfs, where a process's start time is read (a test points it elsewhere)
 # /proc/stat's boot time is in whole seconds: a start time computed from it is off by up to a
@@ -87,6 +89,10 @@ def _forget(key: tuple[str, str], entry: _Entry) -> None:
 def sending(run: RunView, step_id: str) -> Iterator[None]:
     """Step `step_id` of the run's task is being sent or called by `run` in this thread for
     as long as the block runs. Enter it before the SUBMITTED commit is linked."""
+    # Imported here: concurrent.futures (and logging, which it imports) cost every command
+    # 5 ms to start, and only a run that sends an effect needs one.
+    from concurrent.futures import Future  # noqa: PLC0415
+
     job: Future[None] = Future()
     job.set_running_or_notify_cancel()
     where = f"by run {run.run_id} still runs in thread {threading.current_thread().name!r}"
@@ -176,7 +182,7 @@ def _refuse_if_submitter_runs(run: RunView, step_id: str, doing: str) -> None:
     if record is None or record.state is not EffectState.SUBMITTED:
         return
     writer = _submitter(run, record)
-    if writer is None or writer.host != socket.gethostname() or writer.pid == os.getpid():
+    if writer is None or writer.host != identity.host_name() or writer.pid == os.getpid():
         return  # this process's sends are registered; another host's cannot be known
     if submitter_runs(writer.pid, record.since_ms):
         age = max(0, run.now_ms() - record.since_ms) // 1000

@@ -6,9 +6,9 @@ Each decision is its own snapshot naming who decided and why; nothing is accepte
 from __future__ import annotations
 
 import getpass
-import socket
 
 from castore.errors import UsageError
+from castore.format import identity
 from castore.format.effects import check_transition, moved_record
 from castore.format.records import (
     EffectRecord,
@@ -29,7 +29,7 @@ def default_actor() -> str:
         user = getpass.getuser()
     except (KeyError, OSError):
         user = "unknown"
-    return f"{user}@{socket.gethostname()}"
+    return f"{user}@{identity.host_name()}"
 
 
 def _require(text: str | None, what: str) -> str:
