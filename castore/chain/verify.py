@@ -217,14 +217,17 @@ def _decode_at(
     return snapshot
 
 
-def _check_head_frame(task_id: str, path: str, data: bytes, seq: int) -> None:
+def _check_head_frame(slots: TaskSlots, data: bytes, seq: int) -> None:
     """A HEAD slot whose own bytes are not a whole object (truncated, emptied) is said to be
     so: its hash names no object, which would otherwise read as a missing object."""
     try:
-        codec.unframe(data, path)
+        codec.unframe(data, "")
+    # The slot's path only now: status checks thousands of HEADs that are whole.
+    except FormatVersionError as exc:
+        raise FormatVersionError(slots.path(seq), exc.found, exc.supported) from None
     except codec.FrameError as exc:
         raise ChainError(
-            task_id, f"HEAD slot {seq} is damaged: {exc.reason}", path, seq=seq
+            slots.task_id, f"HEAD slot {seq} is damaged: {exc.reason}", slots.path(seq), seq=seq
         ) from None
 
 
@@ -245,7 +248,7 @@ def _read_head_slot(slots: TaskSlots) -> tuple[int, bytes]:
             slots.path(head_seq),
             seq=head_seq,
         ) from exc
-    _check_head_frame(slots.task_id, slots.path(head_seq), slot_data, head_seq)
+    _check_head_frame(slots, slot_data, head_seq)
     return head_seq, slot_data
 
 
