@@ -151,3 +151,21 @@ def test_the_error_of_the_first_task_in_order_is_raised(
     monkeypatch.setattr(castore.Store, "status", status_of)
     with pytest.raises(StoreIOError, match="reading done-1 failed"):
         overview._read_statuses(many, many.tasks(), verify=False, jobs=3)
+
+
+@pytest.mark.parametrize("jobs", ["1", "3"])
+def test_an_interrupted_start_is_not_listed_and_named_it_is_no_task(
+    many: castore.Store, jobs: str
+) -> None:
+    """A task directory without slot 0 (a start interrupted before its commit point, FORMAT.md
+    §10.2) is not a task: status of every task skips it, as `store.tasks()` does, without a
+    look of its own before reading; named alone, status says there is no such task (exit 2)."""
+    Path(many.layout.slot_path("begun", 0)).parent.mkdir(parents=True)
+    assert "begun" not in many.tasks()
+    code, out, err = status(many.root, "--jobs", jobs, "--json")
+    assert (3, False, 11) == (code, "begun" in out, len(out.splitlines()))
+    code, out, err = status(many.root, "--jobs", jobs, "b*")
+    assert (0, "no matching tasks in") == (code, out[: len("no matching tasks in")])
+    code, out, err = status(many.root, "begun")
+    assert (2, "") == (code, out)
+    assert "begun" in err
