@@ -156,9 +156,7 @@ def test_a_worker_dead_with_the_counters_lock_held_is_an_error_not_a_hang(
             os.kill(os.getpid(), signal.SIGKILL)
         return real(taken, count)
 
-    monkeypatch.setattr(
-        castore.maintenance.forked, "_take", die_holding_the_lock
-    )  # workers' only
+    monkeypatch.setattr(castore.maintenance.forked, "_take", die_holding_the_lock)  # workers' only
     started = time.monotonic()
     with (
         ForkedMap(pid_after_a_nap, list(range(400)), jobs=2) as forked,

@@ -137,7 +137,8 @@ def test_the_cli_turns_a_stray_oserror_into_one_line_exit_7(
     def broken(_self: castore.Store) -> list[str]:
         raise OSError(errno.EIO, os.strerror(errno.EIO), "/some/where")
 
-    monkeypatch.setattr(castore.Store, "tasks", broken)  # replaces the translating wrapper
+    # status lists its tasks with listed_tasks; this replaces the translating wrapper too
+    monkeypatch.setattr(castore.Store, "listed_tasks", broken)
     code, out, err = cli(capsys, "--store", store.root, "status")
     assert (7, "") == (code, out)
     assert_one_error_line(err)
