@@ -124,9 +124,9 @@ _UNIT = 50  # tasks a unit of work: small, so that the processes finish together
 def _read_statuses(
     store: Store, tasks: list[str], *, verify: bool, jobs: int | None
 ) -> list[TaskStatus]:
-    """Each task's status, in order: in this process, or (a store of many tasks on a local
-    disk) by forked processes too, each reading HEADs independently (threads would share
-    one interpreter lock)."""
+    """Each task's status, in order: in this process, or (many tasks, a store on a filesystem)
+    by forked processes too, each reading HEADs independently (threads would share one
+    interpreter lock)."""
     read = functools.partial(_read_unit, store, verify)
     if jobs is None:
         jobs = min(os.cpu_count() or 1, len(tasks) // MIN_SHARE or 1)
