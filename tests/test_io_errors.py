@@ -137,8 +137,7 @@ def test_the_cli_turns_a_stray_oserror_into_one_line_exit_7(
     def broken(_self: castore.Store) -> list[str]:
         raise OSError(errno.EIO, os.strerror(errno.EIO), "/some/where")
 
-    # status lists its tasks with listed_tasks; this replaces the translating wrapper too
-    monkeypatch.setattr(castore.Store, "listed_tasks", broken)
+    monkeypatch.setattr(castore.Store, "tasks", broken)  # replaces the translating wrapper
     code, out, err = cli(capsys, "--store", store.root, "status")
     assert (7, "") == (code, out)
     assert_one_error_line(err)

@@ -154,18 +154,21 @@ def test_the_error_of_the_first_task_in_order_is_raised(
 
 
 @pytest.mark.parametrize("jobs", ["1", "3"])
-def test_an_interrupted_start_is_not_listed_and_named_it_is_no_task(
-    many: castore.Store, jobs: str
+def test_what_is_not_a_started_task_is_not_listed(
+    many: castore.Store, jobs: str, tmp_path: Path
 ) -> None:
-    """A task directory without slot 0 (a start interrupted before its commit point, FORMAT.md
-    §10.2) is not a task: status of every task skips it, as `store.tasks()` does, without a
-    look of its own before reading; named alone, status says there is no such task (exit 2)."""
+    """Under tasks/: a directory without slot 0 (a start interrupted before its commit point,
+    FORMAT.md §10.2), a symlink and a regular file named like tasks are not tasks, as
+    `store.tasks()` says: status lists the ten tasks alone (fsck reports the planted
+    entries). Named alone, the interrupted start is no task (exit 2)."""
     Path(many.layout.slot_path("begun", 0)).parent.mkdir(parents=True)
-    assert "begun" not in many.tasks()
-    code, out, err = status(many.root, "--jobs", jobs, "--json")
-    assert (3, False, 11) == (code, "begun" in out, len(out.splitlines()))
-    code, out, err = status(many.root, "--jobs", jobs, "b*")
-    assert (0, "no matching tasks in") == (code, out[: len("no matching tasks in")])
+    tasks = Path(many.root, "tasks")
+    (tasks / "linked").symlink_to(tmp_path)
+    (tasks / "planted").write_text("x")
+    code, out, _ = status(many.root, "--jobs", jobs, "--json")
+    assert (3, 11) == (code, len(out.splitlines()))
+    listed = set(re.findall(r'"task": "([^"]*)"', out))  # its ages are masked: not JSON
+    assert ("done-0" in listed, set()) == (True, {"begun", "linked", "planted"} & listed)
     code, out, err = status(many.root, "begun")
     assert (2, "") == (code, out)
     assert "begun" in err

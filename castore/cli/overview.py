@@ -18,7 +18,7 @@ from castore.cli.common import (
     open_store,
     positive_int,
 )
-from castore.errors import TaskNotFoundError, UsageError
+from castore.errors import UsageError
 from castore.format.layout import display_name, encode_task_id
 
 if TYPE_CHECKING:
@@ -59,14 +59,16 @@ def _unresolved(status: TaskStatus) -> bool:
     return any(e.state == "UNRESOLVED" for e in status.effects)
 
 
-def _listed_tasks(store: Store, pattern: str | None) -> list[str]:
-    """Every task listed, or those a glob matches. A listed task may be an interrupted start,
-    which the reading skips (its first look at the chain says so): one lookup a task less
-    than `store.tasks()`, which looks first."""
+def _selected_tasks(store: Store, pattern: str | None) -> list[str]:
+    """Every task, the tasks a glob matches, or the one task named (validated like any id:
+    `''` is refused, not taken for "every task")."""
     if pattern is None:
-        return store.listed_tasks()
+        return store.tasks()
+    if _GLOB_CHARS.isdisjoint(pattern):
+        encode_task_id(pattern)
+        return [pattern]
     _refuse_unclosed_set(pattern)
-    return [task for task in store.listed_tasks() if fnmatch.fnmatchcase(task, pattern)]
+    return [task for task in store.tasks() if fnmatch.fnmatchcase(task, pattern)]
 
 
 def _refuse_unclosed_set(pattern: str) -> None:
@@ -148,16 +150,7 @@ def _read_statuses(
 
 
 def _read_unit(store: Store, verify: bool, tasks: list[str]) -> list[TaskStatus]:
-    """The status of each task that has started (one listed but without a chain is an
-    interrupted start, or was reclaimed since the listing: not a task, as `store.tasks()`
-    says; a task named alone is never listed, see cmd_status)."""
-    found = []
-    for task in tasks:
-        try:
-            found.append(store.status(task, verify=verify))
-        except TaskNotFoundError:
-            continue
-    return found
+    return [store.status(task, verify=verify) for task in tasks]
 
 
 def _write_lines(lines: list[str]) -> None:
@@ -176,14 +169,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         raise UsageError("give a TASK (or glob) or --thread NAME, not both")
     store = open_store(args)
     tasks = threads.selected(args, store.tasks() if args.thread is not None else ())
-    if tasks is None and args.task is not None and _GLOB_CHARS.isdisjoint(args.task):
-        # One task named: validated like any id ('' is refused, not taken for "every
-        # task"), and TaskNotFoundError if it has not started.
-        encode_task_id(args.task)
-        statuses = [store.status(args.task, verify=args.verify)]
-    else:
-        listed = _listed_tasks(store, args.task) if tasks is None else tasks
-        statuses = _read_statuses(store, listed, verify=args.verify, jobs=args.jobs)
+    if tasks is None:
+        tasks = _selected_tasks(store, args.task)
+    statuses = _read_statuses(store, tasks, verify=args.verify, jobs=args.jobs)
     statuses = [status for status in statuses if _wanted(status, args)]
     counts = summary(statuses)
     if args.json:

@@ -74,8 +74,16 @@ class Reading(Values):
     def tasks(self) -> list[str]:
         """Every started task's id, sorted (an interrupted start, without slot 0, is fsck's
         `no-chain` warning, not a task)."""
+        try:
+            names = self.medium.names(TASKS_DIR)
+        except FileNotFoundError:
+            return []
         found = []
-        for name, task_id in self._listed():
+        for name in names:
+            try:
+                task_id = decode_task_id(name)
+            except UsageError:
+                continue  # not castore's: fsck reports it
             # From the name decode_task_id checked (status pays for each id once, not thrice).
             # Slot 0 of a long task may be pruned: its sealed mark then says it started.
             task = f"{TASKS_DIR}/{name}"
@@ -85,26 +93,6 @@ class Reading(Values):
             ):
                 found.append(task_id)
         return sorted(found)
-
-    def listed_tasks(self) -> list[str]:
-        """Every task id under tasks/, sorted, without `tasks()`'s look at whether each has
-        started: for a reader that reads each task anyway (`castore status`), to which an
-        interrupted start (no slot 0, no sealed mark) is a TaskNotFoundError to skip."""
-        return sorted(task_id for _, task_id in self._listed())
-
-    def _listed(self) -> list[tuple[str, str]]:
-        """(name, task id) of every task directory (one listing of tasks/)."""
-        try:
-            names = self.medium.names(TASKS_DIR)
-        except FileNotFoundError:
-            return []
-        found = []
-        for name in names:
-            try:
-                found.append((name, decode_task_id(name)))
-            except UsageError:
-                continue  # not castore's: fsck reports it
-        return found
 
     def history(self, task_id: str) -> list[tuple[str, Snapshot]]:
         """(id, snapshot) for every snapshot of a verified task, newest first: the tail as
