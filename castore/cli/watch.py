@@ -5,13 +5,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
 import os
-import queue
-import shlex
-import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -21,13 +16,11 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from castore.cli.common import EXIT_OK, add_path_argument, parse_duration, store_path
-from castore.errors import UsageError
 from castore.format.layout import display_name
 
 if TYPE_CHECKING:
+    from castore.cli.watchhooks import Hooks
     from castore.watch.alerts import Alert
-
-log = logging.getLogger(__name__)
 
 DEFAULT_EXEC_TIMEOUT_S = 10.0
 
@@ -43,76 +36,6 @@ def alert_json(alert: Alert) -> str:
     return json.dumps({"type": "alert", **alert.to_dict()}, sort_keys=True, ensure_ascii=False)
 
 
-class Hooks:
-    """Runs `--exec` once per alert, the alert JSON on its stdin, on a thread of its own so a
-    slow hook never delays the next alert line. A hook that fails or hangs is logged."""
-
-    def __init__(self, argv: list[str], timeout: float) -> None:
-        self._argv = argv
-        self._timeout = timeout
-        self._queue: queue.Queue[Alert | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._run, name="castore-watch-hooks", daemon=True)
-        self._thread.start()
-
-    def submit(self, alert: Alert) -> None:
-        self._queue.put(alert)
-
-    def close(self) -> None:
-        """Skip hooks not started yet; let the running one finish (within its timeout)."""
-        skipped = 0
-        with contextlib.suppress(queue.Empty):
-            while True:
-                skipped += self._queue.get_nowait() is not None
-        if skipped:
-            log.warning("shutting down: skipped the hook for %d alert(s)", skipped)
-        self._queue.put(None)
-        self._thread.join(timeout=self._timeout + 5.0)
-
-    def _run(self) -> None:
-        while (alert := self._queue.get()) is not None:
-            try:
-                self._call(alert)
-            except Exception:  # a hook must never stop the watcher
-                log.exception("hook %s failed", shlex.join(self._argv))
-
-    def _call(self, alert: Alert) -> None:
-        what = f"{alert.status} {alert.kind} alert"
-        command = shlex.join(self._argv)
-        try:
-            # The command line is the operator's own --exec, run without a shell. Its own
-            # session lets a timeout kill everything it started. Its stdout goes to our
-            # stderr (fd 2) so it never mixes with the alert stream on stdout.
-            child = subprocess.Popen(  # noqa: S603
-                self._argv, stdin=subprocess.PIPE, stdout=2, start_new_session=True
-            )
-        except OSError as exc:
-            log.warning("hook %s could not start for a %s: %s", command, what, exc)
-            return
-        try:
-            child.communicate((alert_json(alert) + "\n").encode(), timeout=self._timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
-            log.warning(
-                "hook %s timed out after %gs on a %s; killed it", command, self._timeout, what
-            )
-            return
-        if child.returncode != 0:
-            log.warning("hook %s exited %d on a %s", command, child.returncode, what)
-
-
-def _hook_argv(command: str | None) -> list[str] | None:
-    if command is None:
-        return None
-    argv = shlex.split(command)
-    if not argv:
-        raise UsageError("--exec needs a command, as in --exec 'notify-team --channel ops'")
-    if shutil.which(argv[0]) is None:
-        raise UsageError(f"--exec: {argv[0]!r} is not an executable file or on PATH")
-    return argv
-
-
 def _printer(as_json: bool, hooks: Hooks | None, stop: threading.Event) -> Callable[[Alert], None]:
     def on_alert(alert: Alert) -> None:
         try:
@@ -125,7 +48,7 @@ def _printer(as_json: bool, hooks: Hooks | None, stop: threading.Event) -> Calla
             stop.set()
             return
         if hooks is not None:
-            hooks.submit(alert)
+            hooks.submit(alert_json(alert), f"{alert.status} {alert.kind} alert")
 
     return on_alert
 
@@ -148,28 +71,16 @@ def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
             signal.signal(sig, old)
 
 
-@contextlib.contextmanager
-def _log_to_stderr() -> Iterator[None]:
-    """The watcher's and the hooks' warnings, one line each on stderr, while the verb runs."""
-    logger = logging.getLogger("castore")
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("castore watch: %(levelname)s: %(message)s"))
-    logger.addHandler(handler)
-    try:
-        yield
-    finally:
-        logger.removeHandler(handler)
-
-
 def cmd_watch(args: argparse.Namespace) -> int:
-    # Imported here, not at the top: only this verb needs watchdog, and every verb module
-    # is imported whenever the parser is built.
+    # Imported here, not at the top: only this verb needs watchdog, logging and subprocess,
+    # and every verb module is imported whenever the parser is built.
+    from castore.cli.watchhooks import Hooks, hook_argv, log_to_stderr  # noqa: PLC0415
     from castore.watch import Watcher  # noqa: PLC0415
     from castore.watch.alerts import span  # noqa: PLC0415
 
-    argv = _hook_argv(args.exec)
+    argv = hook_argv(args.exec)
     stop = threading.Event()
-    with _log_to_stderr(), _stop_on_signals(stop), warnings.catch_warnings():
+    with log_to_stderr(), _stop_on_signals(stop), warnings.catch_warnings():
         # watchdog's inotify observer warns when a new directory's watch is added twice
         # (the create event and its own scan of the new tree race); it is harmless noise.
         warnings.filterwarnings("ignore", "Callback with id", RuntimeWarning, r"watchdog\.")
