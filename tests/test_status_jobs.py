@@ -23,7 +23,7 @@ from test_cli import make_finished, make_open, make_unresolved
 
 import castore
 from castore.chain.status import TaskStatus
-from castore.cli import overview
+from castore.cli import build_parser, overview
 from castore.errors import StoreIOError, TaskNotFoundError
 from castore.maintenance import forked
 
@@ -136,7 +136,7 @@ def test_the_error_of_the_first_task_in_order_is_raised(
         def __exit__(self, *exc: object) -> None:
             return None
 
-        def __iter__(self) -> Iterator[list[TaskStatus]]:
+        def __iter__(self) -> Iterator[list[overview.Shown]]:
             raise TaskNotFoundError("unresolved-2")
 
     plain_status = castore.Store.status
@@ -149,8 +149,9 @@ def test_the_error_of_the_first_task_in_order_is_raised(
     monkeypatch.setattr(forked, "ForkedMap", LaterTaskFailsFirst)
     monkeypatch.setattr(forked, "may_fork", lambda: True)
     monkeypatch.setattr(castore.Store, "status", status_of)
+    args = build_parser().parse_args(["status", "--jobs", "3"])
     with pytest.raises(StoreIOError, match="reading done-1 failed"):
-        overview._read_statuses(many, many.tasks(), verify=False, jobs=3)
+        overview._read_shown(many, many.tasks(), args)
 
 
 @pytest.mark.parametrize("jobs", ["1", "3"])

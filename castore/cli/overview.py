@@ -99,13 +99,24 @@ def _wanted(status: TaskStatus, args: argparse.Namespace) -> bool:
     return not (args.open and not status.effects)
 
 
-def summary(statuses: list[TaskStatus]) -> dict[str, int]:
+# One task as status shows it: (open effects, unresolved, broken, its text: its lines, or
+# its JSON line). Made by the process that read the task: a few strings pickle in a fraction
+# of a TaskStatus's time, and the reader renders in parallel with the others (issue 26).
+Shown = tuple[bool, bool, bool, str]
+
+
+def _shown(status: TaskStatus, as_json: bool) -> Shown:
+    text = json_line("task", status.to_dict()) if as_json else _status_line(status)
+    return bool(status.effects), _unresolved(status), bool(status.error), text
+
+
+def summary(shown: list[Shown]) -> dict[str, int]:
     """The counts the summary line and the JSON summary object give."""
     return {
-        "tasks": len(statuses),
-        "open": sum(1 for s in statuses if s.effects),
-        "unresolved": sum(1 for s in statuses if _unresolved(s)),
-        "broken": sum(1 for s in statuses if s.error),
+        "tasks": len(shown),
+        "open": sum(1 for each in shown if each[0]),
+        "unresolved": sum(1 for each in shown if each[1]),
+        "broken": sum(1 for each in shown if each[2]),
     }
 
 
@@ -123,13 +134,12 @@ MIN_SHARE = 250
 _UNIT = 50  # tasks a unit of work: small, so that the processes finish together
 
 
-def _read_statuses(
-    store: Store, tasks: list[str], *, verify: bool, jobs: int | None
-) -> list[TaskStatus]:
-    """Each task's status, in order: in this process, or (many tasks, a store on a filesystem)
-    by forked processes too, each reading HEADs independently (threads would share one
-    interpreter lock)."""
-    read = functools.partial(_read_unit, store, verify)
+def _read_shown(store: Store, tasks: list[str], args: argparse.Namespace) -> list[Shown]:
+    """The tasks `args` asks to show, in order, each read and rendered: in this process, or
+    (many tasks, a store on a filesystem) by forked processes too, each reading HEADs
+    independently (threads would share one interpreter lock)."""
+    read = functools.partial(_read_unit, store, args)
+    jobs = args.jobs
     if jobs is None:
         jobs = min(os.cpu_count() or 1, len(tasks) // MIN_SHARE or 1)
     if min(jobs, len(tasks)) <= 1 or store.medium.kind != "posix":
@@ -140,8 +150,8 @@ def _read_statuses(
         return read(tasks)
     units = [tasks[start : start + _UNIT] for start in range(0, len(tasks), _UNIT)]
     try:
-        with forked.ForkedMap(read, units, jobs) as statuses:
-            return [status for unit in statuses for status in unit]
+        with forked.ForkedMap(read, units, jobs) as results:
+            return [shown for unit in results for shown in unit]
     except Exception:  # noqa: BLE001 - raised again below, by the reading that meets it first
         # A task that could not be read (by a worker, or here while an earlier task's error
         # was still on its way) is reported as --jobs 1 reports it: the first such task in
@@ -149,8 +159,13 @@ def _read_statuses(
         return read(tasks)
 
 
-def _read_unit(store: Store, verify: bool, tasks: list[str]) -> list[TaskStatus]:
-    return [store.status(task, verify=verify) for task in tasks]
+def _read_unit(store: Store, args: argparse.Namespace, tasks: list[str]) -> list[Shown]:
+    shown = []
+    for task in tasks:
+        status = store.status(task, verify=args.verify)
+        if _wanted(status, args):
+            shown.append(_shown(status, args.json))
+    return shown
 
 
 def _write_lines(lines: list[str]) -> None:
@@ -171,19 +186,17 @@ def cmd_status(args: argparse.Namespace) -> int:
     tasks = threads.selected(args, store.tasks() if args.thread is not None else ())
     if tasks is None:
         tasks = _selected_tasks(store, args.task)
-    statuses = _read_statuses(store, tasks, verify=args.verify, jobs=args.jobs)
-    statuses = [status for status in statuses if _wanted(status, args)]
-    counts = summary(statuses)
+    shown = _read_shown(store, tasks, args)
+    counts = summary(shown)
+    lines = [text for *_, text in shown]
     if args.json:
-        lines = [json_line("task", status.to_dict()) for status in statuses]
         lines.append(json_line("summary", {"summary": counts}))
-    elif not statuses:
+    elif not shown:
         lines = [
             f"no {'matching ' if args.task or args.open or args.unresolved else ''}tasks in "
             f"{store.root}"
         ]
     else:
-        lines = [_status_line(status) for status in statuses]
         lines.append(_summary_line(counts))
     _write_lines(lines)
     if counts["broken"]:
