@@ -25,6 +25,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import attrs
 import pytest
@@ -101,8 +102,7 @@ OLD = 1_000_000_000  # an mtime in 2001: older than any grace period
 
 def make_template(root: Path) -> None:
     """t/1 at seq 1 (next: b); u/1 at seq 3 with its charge SUBMITTED and no answer (for
-    resolve); an unreferenced old blob and an old temp file, for gc to remove; all 256 fan-out
-    directories."""
+    resolve); an unreferenced old blob and an old temp file, for gc to remove."""
     store = castore.Store.init(root)
     payments = castore.Service("payments", idempotent=True, retention=86400)
     with store.start("t/1", PLAN) as run:
@@ -118,11 +118,6 @@ def make_template(root: Path) -> None:
     leftover.parent.mkdir(exist_ok=True)
     leftover.write_bytes(b"partial")
     os.utime(leftover, (OLD, OLD))
-    # Every fan-out directory made now (as castore before format v2 did at init): a snapshot's id is
-    # random (its run and time), and a put into a fan-out not yet there makes two more openat calls
-    # and a mkdir, so without this the traced run and the faulted run could count calls
-    # differently and the fault would land elsewhere, or nowhere (about one run in seven).
-    make_every_fanout(root)
     assert TEMPLATE_HEADS == {task: store.verify(task).head.seq for task in store.tasks()}
 
 
@@ -135,6 +130,11 @@ class Case:
     syscall: str
     err: str
     pick: str = "middle"  # first, middle or last of the calls that name a store path
+
+    @property
+    def commits(self) -> bool:
+        """Whether the case writes a snapshot, whose id is random."""
+        return self.mode in ("start", "commit", "effect", "blob") or self.argv[:1] == ("resolve",)
 
     @property
     def id(self) -> str:
@@ -227,15 +227,41 @@ def _cases() -> Iterator[Case]:
 
 CASES = list(_cases())
 
+T = TypeVar("T")
+
 # One traced line of strace -f -y: "PID name(args) = result".
 _LINE = re.compile(r"^(\d+) +([a-z0-9_]+)\((.*)$")
 
 
-def traced_calls(log: Path, syscall: str, root: str) -> list[int]:
-    """1-based ordinals, among the first process's `syscall` calls, of those naming a path
-    under `root` (strace -y prints the path of every descriptor argument too; the child
-    runs in / so that AT_FDCWD never names it)."""
-    ordinals, count, first = [], 0, None
+# The parts of a store path that differ from run to run: a temp file's name, an object's id
+# (a snapshot's is random) and so its fan-out directory.
+_RANDOM_PARTS = [
+    (re.compile(r"/\.tmp-[^/\"<>]*"), "/.tmp-*"),
+    (re.compile(r"\b[0-9a-f]{64}\b"), "<id>"),
+    (re.compile(r"objects/[0-9a-f]{2}\b"), "objects/<fan-out>"),
+]
+
+
+def store_files(line: str, root: str) -> list[str]:
+    """The store paths a traced call names in its arguments, relative to `root`, their random
+    parts masked: what a call of the traced run and one of the faulted run must share to be
+    the same call."""
+    arguments = line.rsplit(") = ", 1)[0]  # the result's descriptor is named too (-y)
+    masked = []
+    for found in re.findall(re.escape(root) + r'/[^"<>]*', arguments):
+        path = found[len(root) + 1 :]
+        for pattern, mask in _RANDOM_PARTS:
+            path = pattern.sub(mask, path)
+        masked.append(path)
+    return masked
+
+
+def traced_calls(log: Path, syscall: str, root: str) -> list[tuple[int, str]]:
+    """(ordinal, line) of each of the first process's `syscall` calls that name a path under
+    `root`, its ordinal 1-based among all its `syscall` calls (strace -y prints the path of
+    every descriptor argument too; the child runs in / so that AT_FDCWD never names it)."""
+    ordinals: list[tuple[int, str]] = []
+    count, first = 0, None
     for line in log.read_text(errors="replace").splitlines():
         match = _LINE.match(line)
         if match is None or "resumed>" in line:
@@ -246,7 +272,7 @@ def traced_calls(log: Path, syscall: str, root: str) -> list[int]:
             continue
         count += 1
         if root + "/" in rest:
-            ordinals.append(count)
+            ordinals.append((count, line))
     return ordinals
 
 
@@ -281,10 +307,18 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def fresh_store(template: Path, where: Path) -> Path:
-    """A copy of the template store (hard links between slots and objects kept)."""
+def fresh_store(template: Path, where: Path, case: Case | None = None) -> Path:
+    """A copy of the template store (hard links between slots and objects kept). For a case
+    that commits, with every fan-out directory made (as castore before format v2 did at init):
+    a snapshot's id is random (its run and its time), and its put into a fan-out not yet there
+    makes a mkdir and two more openat calls, so the traced run and the faulted run would count
+    calls differently and the fault land elsewhere, or nowhere (about one run in seven). The
+    other cases keep the template as it is, so that a fault in the middle of fsck's or gc's
+    calls lands on a fan-out that holds objects, not on one of 250 empty ones."""
     root = where / "store"
     subprocess.run(["cp", "-a", str(template), str(root)], check=True)
+    if case is not None and case.commits:
+        make_every_fanout(root)
     return root
 
 
@@ -300,23 +334,24 @@ def dry_runs() -> DryRuns:
 
 def fault_free(
     case: Case, template: Path, runs: DryRuns, factory: pytest.TempPathFactory
-) -> tuple[int, list[int]]:
-    """The case run without a fault: its exit status and the ordinals of its `syscall`
-    calls on store paths."""
+) -> tuple[int, list[tuple[int, list[str]]]]:
+    """The case run without a fault: its exit status and, for each of its `syscall` calls on
+    store paths, its ordinal and the store files it names (`store_files`)."""
     key = (case.mode, case.argv)
     if key not in runs:
         where = factory.mktemp("dry")
-        root = fresh_store(template, where)
+        root = fresh_store(template, where, case)
         traced = ",".join(sorted({each.syscall for each in CASES}))
         result = run_child(case, root, where / "trace.log", trace=traced)
         assert result.returncode in (0, 6), result.stderr  # status exits 6: u/1 is in flight
         runs[key] = (result.returncode, where)
     code, where = runs[key]
-    return code, traced_calls(where / "trace.log", case.syscall, str(where))
+    calls = traced_calls(where / "trace.log", case.syscall, str(where))
+    return code, [(ordinal, store_files(line, str(where))) for ordinal, line in calls]
 
 
-def pick(ordinals: list[int], which: str) -> int:
-    return {"first": ordinals[0], "last": ordinals[-1]}.get(which, ordinals[len(ordinals) // 2])
+def pick(calls: list[T], which: str) -> T:
+    return {"first": calls[0], "last": calls[-1]}.get(which, calls[len(calls) // 2])
 
 
 def acknowledged(stdout: str) -> dict[str, int]:
@@ -341,15 +376,19 @@ def test_a_failed_syscall_fails_clearly_and_loses_nothing(
     (never a traceback); fsck then finds no error; every task verifies as far as before
     and as far as the child acknowledged. EINTR changes nothing."""
     (tmp_path / "hit").mkdir()
-    baseline, ordinals = fault_free(case, template, dry_runs, tmp_path_factory)
-    assert ordinals, f"{case.id}: no {case.syscall} call names a store path"
-    nth = pick(ordinals, case.pick)
-    root = fresh_store(template, tmp_path / "hit")
+    baseline, calls = fault_free(case, template, dry_runs, tmp_path_factory)
+    assert calls, f"{case.id}: no {case.syscall} call names a store path"
+    nth, meant = pick(calls, case.pick)
+    root = fresh_store(template, tmp_path / "hit", case)
     log = tmp_path / "hit.log"
     result = run_child(case, root, log, f"inject={case.syscall}:error={case.err}:when={nth}")
     injected = [line for line in log.read_text().splitlines() if "(INJECTED)" in line]
     assert 1 == len(injected), f"{case.id}: strace injected {len(injected)} faults"
-    assert str(root.parent) + "/" in injected[0], f"the fault missed the store: {injected[0]}"
+    # The very call the traced run chose (the same file, random names aside), not merely a
+    # call on the store: a shift in the count would otherwise go unseen.
+    assert meant == store_files(injected[0], str(root.parent)), (
+        f"the fault landed on another call than the one chosen: {injected[0]}, not {meant}"
+    )
 
     assert "Traceback" not in result.stderr, result.stderr
     assert len(result.stderr.splitlines()) <= 1, result.stderr
