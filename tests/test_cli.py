@@ -137,6 +137,42 @@ def test_a_reader_that_goes_away_midway_through_unbuffered_output_ends_it(tmp_pa
         assert (141, b"") == (process.wait(timeout=120), process.stderr.read())
 
 
+@pytest.mark.parametrize("verb", [("status",), ("status", "--json"), ("status", "caf*")])
+def test_output_its_encoding_cannot_hold_is_one_line_exit_2(
+    tmp_path: Path, verb: tuple[str, ...]
+) -> None:
+    """A task id the output's encoding cannot write (PYTHONIOENCODING=ascii): exit 2 and one
+    line that says which character and how to run instead, never a traceback; with UTF-8 the
+    same command prints it."""
+    store = castore.Store.init(tmp_path / "store")
+    with store.start("café/1", castore.Plan.build("p", "a")) as run:
+        run.commit_step("a", 1)
+    command = [sys.executable, "-m", "castore", "--store", store.root, *verb]
+    ascii_run = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "PYTHONIOENCODING": "ascii"},
+    )
+    assert 2 == ascii_run.returncode, ascii_run.stderr
+    assert_one_error_line(ascii_run.stderr)
+    assert "'\\xe9' cannot be written in the ascii encoding" in ascii_run.stderr
+    assert "PYTHONIOENCODING=utf-8" in ascii_run.stderr
+    utf8_run = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=60,
+        check=False,
+        env={**os.environ, "PYTHONIOENCODING": "utf-8"},
+    )
+    assert (0, "") == (utf8_run.returncode, utf8_run.stderr)
+    assert "café/1" in utf8_run.stdout
+
+
 def test_init_creates_a_store_and_refuses_an_existing_one(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

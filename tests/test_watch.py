@@ -328,6 +328,17 @@ def test_a_missing_hook_program_is_a_usage_error(store: castore.Store) -> None:
     assert 2 == main(["watch", store.root, "--exec", "no-such-program-castore-hook"])
 
 
+@pytest.mark.parametrize("command", ["'unclosed", "notify\\", "", "   "])
+def test_an_exec_that_does_not_parse_is_one_line_exit_2(
+    store: castore.Store, command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An unclosed quote, a trailing backslash or no command at all: exit 2, one line that
+    names --exec, never a traceback."""
+    assert 2 == main(["watch", store.root, "--exec", command])
+    err = capsys.readouterr().err
+    assert [True] == [line.startswith("castore: error: --exec") for line in err.splitlines()]
+
+
 class Lines:
     """A child's output, line by line, read on a thread so a wait can have a deadline."""
 

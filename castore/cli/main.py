@@ -4,6 +4,7 @@ maps castore's errors to exit codes (the only module that exits)."""
 from __future__ import annotations
 
 import argparse
+import codecs
 import os
 import sys
 from collections.abc import Sequence
@@ -102,7 +103,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ArgumentFailure as exc:
         print(f"castore: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    handler: Handler = args.handler
+    return _run(args.handler, args)
+
+
+def _run(handler: Handler, args: argparse.Namespace) -> int:
+    """The verb's exit status, or the one its error calls for (one line on stderr)."""
     try:
         status = handler(args)
         sys.stdout.flush()  # here, where a reader that went away is handled below
@@ -121,7 +126,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:  # the last net: the library translates its own, this is I/O too
         print(f"castore: error: {os_error_text(exc)}", file=sys.stderr)
         return EXIT_FAILURE
+    except UnicodeEncodeError as exc:  # a task id, a key or a reason the output cannot hold
+        print(f"castore: error: {unencodable_text(exc)}", file=sys.stderr)
+        return EXIT_USAGE
     return status
+
+
+def unencodable_text(exc: UnicodeEncodeError) -> str:
+    """One line for text that the output's encoding cannot write (PYTHONIOENCODING=ascii, a
+    C locale without UTF-8): which character, and how to run so that it can."""
+    character = exc.object[exc.start : exc.end]
+    if codecs.lookup(exc.encoding).name != codecs.lookup(sys.stdout.encoding or "utf-8").name:
+        return f"{character!r} cannot be encoded in {exc.encoding} ({exc.reason})"
+    return (
+        f"{character!r} cannot be written in the {exc.encoding} encoding of the output; run "
+        "with a UTF-8 locale (LANG=C.UTF-8) or PYTHONIOENCODING=utf-8"
+    )
 
 
 def cli_message(error: errors.CastoreError, args: argparse.Namespace) -> str:

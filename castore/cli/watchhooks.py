@@ -85,7 +85,10 @@ def hook_argv(command: str | None) -> list[str] | None:
     """`--exec`'s command as argv (None without one); UsageError if it names no program."""
     if command is None:
         return None
-    argv = shlex.split(command)
+    try:
+        argv = shlex.split(command)
+    except ValueError as exc:  # an unclosed quote, or a backslash at the end
+        raise UsageError(f"--exec {command!r}: {exc}; quote it as a shell would") from None
     if not argv:
         raise UsageError("--exec needs a command, as in --exec 'notify-team --channel ops'")
     if shutil.which(argv[0]) is None:
