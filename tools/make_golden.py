@@ -45,10 +45,6 @@ from castore.format.records import Writer
 from castore.maintenance.fsck import Summary, check_store
 from castore.maintenance.sealing import seal_task
 from castore.medium import posixinit as storeinit
-from castore.run import core as run_core
-from castore.run import forget as forget_module
-from castore.run import fork as fork_module
-from castore.run import settings as run_settings
 
 GOLDEN = ROOT / "tests" / "golden"
 T0_MS = 1_796_029_200_000  # 2026-11-30T09:00:00Z: in the past, so ages and "stuck" are fixed
@@ -72,21 +68,18 @@ class FixedClock:
 @contextlib.contextmanager
 def fixed_writers() -> Iterator[None]:
     """Every run, fork and tombstone writes as host "golden", pid 4242, run id = a counter
-    (no random ids): each module that names a writer gets the fixed one."""
+    (no random ids): `Writer.new_run`, which each of them calls, gives the fixed one."""
     counter = itertools.count(1)
-    modules = (run_core, run_settings, fork_module, forget_module)
-    originals = [module.Writer for module in modules]
+    original = Writer.__dict__["new_run"]
 
-    def writer(_host: str, _pid: int, _run: str) -> Writer:
-        return Writer("golden", 4242, f"{next(counter):016x}")
+    def fixed(cls: type[Writer]) -> Writer:
+        return cls("golden", 4242, f"{next(counter):016x}")
 
-    for module in modules:
-        module.Writer = writer  # type: ignore[assignment,misc]
+    Writer.new_run = classmethod(fixed)  # type: ignore[method-assign,assignment]
     try:
         yield
     finally:
-        for module, original in zip(modules, originals, strict=True):
-            module.Writer = original  # type: ignore[misc]
+        Writer.new_run = original  # type: ignore[method-assign]
 
 
 def init_store(root: Path, version: int) -> None:

@@ -9,10 +9,11 @@ from __future__ import annotations
 import enum
 import functools
 import itertools
+import os
 import typing
 from typing import Any
 
-from castore.format import planmemo
+from castore.format import identity, planmemo
 from castore.format.model import attrs
 
 
@@ -123,6 +124,11 @@ class Writer:
     host: str
     pid: int
     run: str
+
+    @classmethod
+    def new_run(cls) -> Writer:
+        """This host and process, and a fresh random run id (8 bytes, as hex)."""
+        return cls(identity.host_name(), os.getpid(), identity.token_hex(8))
 
 
 @attrs.frozen

@@ -21,7 +21,6 @@ from castore.errors import (
     ConflictError,
     UsageError,
 )
-from castore.format import identity
 from castore.format.digest import hash_bytes
 from castore.format.effects import ChainClock
 from castore.format.links import decode_snapshot
@@ -91,7 +90,7 @@ class RunCore:
         # power loss without it, a gap no resume gets past. The first commit syncs it first.
         self._head_durable = False
         self._reached: set[str] = set()  # objects this run's acknowledged commits reach
-        self._writer = Writer(identity.host_name(), os.getpid(), identity.token_hex(8))
+        self._writer = Writer.new_run()
         # Set by resume when the environment check was deferred until in-flight effects settle.
         self.env_unverified = False
         self._sealer: Sealer | None = None

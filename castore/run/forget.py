@@ -8,8 +8,6 @@ task with TaskForgottenError; gc may then reclaim its history (reclaim.py).
 
 from __future__ import annotations
 
-import os
-
 from castore.chain.objects import ObjectStore
 from castore.chain.refs import TaskSlots
 from castore.chain.verify import VerifiedHead, verify_head
@@ -21,7 +19,7 @@ from castore.errors import (
     TaskNotFoundError,
     UsageError,
 )
-from castore.format import codec, identity
+from castore.format import codec
 from castore.format.effects import when_text
 from castore.format.model import attrs
 from castore.format.records import EffectState, Snapshot, Transition, TransitionKind, Writer
@@ -129,7 +127,7 @@ def forget(
             parent=verified.head_id,
             transition=Transition(TransitionKind.FORGET, who=who, why=why),
             time_ms=settings.clock(),
-            writer=Writer(identity.host_name(), os.getpid(), identity.token_hex(8)),
+            writer=Writer.new_run(),
             fork=None,  # only a fork's first snapshot says where it came from
         )
         data = as_v2(encode_snapshot(tombstone, settings))

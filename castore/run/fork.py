@@ -16,7 +16,6 @@ cannot take for the source's.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -35,7 +34,7 @@ from castore.errors import (
     TaskExistsError,
     UsageError,
 )
-from castore.format import codec, identity
+from castore.format import codec
 from castore.format.layout import validate_object_id
 from castore.format.model import attrs
 from castore.format.records import (
@@ -98,7 +97,7 @@ def fork(
         transition=Transition(TransitionKind.START),
         env=snapshot.env,
         time_ms=now,
-        writer=Writer(identity.host_name(), os.getpid(), identity.token_hex(8)),
+        writer=Writer.new_run(),
         fork=Fork(snapshot.task, seq, snapshot_id, tree_id),
         # A growing plan's decisions come along; a fork goes on, so it is not finished.
         grown=None if snapshot.grown is None else attrs.evolve(snapshot.grown, finished=False),

@@ -3,11 +3,10 @@ idempotency keys, a snapshot's encoding under the payload rules, a new task's se
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Collection
 
-from castore.format import codec, guard, identity
+from castore.format import codec, guard
 from castore.format.digest import hash_chunks
 from castore.format.model import attrs
 from castore.format.records import (
@@ -121,6 +120,6 @@ def initial_snapshot(task_id: str, plan: Plan, plan_id: str, settings: RunSettin
         transition=Transition(TransitionKind.START),
         env=env,
         time_ms=now,
-        writer=Writer(identity.host_name(), os.getpid(), identity.token_hex(8)),
+        writer=Writer.new_run(),
         grown=Grown(0, plan_id) if plan.grows else None,
     )
