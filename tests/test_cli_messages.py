@@ -9,6 +9,7 @@ import pytest
 from helpers import cli
 
 import castore
+from castore.cli.suggest import distance, nearest
 
 PLAN = castore.Plan.build("p", "a", "b", "c")
 
@@ -143,3 +144,27 @@ def test_closed_glob_sets_still_match(
         code, out, _ = cli(capsys, "--store", str(store.root), "status", pattern)
         assert (0, listed) == (code, out.split()[0])
         assert "1 task:" in out
+
+
+@pytest.mark.parametrize("verb", ["log", "status", "brief"])
+def test_a_typoed_task_id_is_told_the_nearest_ids(
+    store: castore.Store, capsys: pytest.CaptureFixture[str], verb: str
+) -> None:
+    """A task id one typo from a stored one ('tally-l' for 'tally-1') is answered with the
+    nearest ids, as git does for a mistyped command; an id near nothing gets no guess."""
+    for task in ("tally-1", "tally-20", "report-2026"):
+        store.start(task, PLAN).close()
+    code, out, err = cli(capsys, "--store", str(store.root), verb, "tally-l")
+    assert (2, "") == (code, out)
+    assert f"no task 'tally-l' in {store.root}; did you mean 'tally-1'?" in _one_line(err)
+    code, _, err = cli(capsys, "--store", str(store.root), verb, "zzzzzz")
+    assert (2, "did you mean" in err) == (code, False)
+
+
+def test_a_swap_of_two_characters_is_one_edit() -> None:
+    """Two neighbouring characters swapped ('tlaly-1') count as one typo, as in git."""
+    assert (1, 2, ["tally-1"]) == (
+        distance("tlaly-1", "tally-1"),
+        distance("tlaly-1", "tally-2"),
+        nearest("tlaly-1", ["tally-1", "tally-2"]),
+    )

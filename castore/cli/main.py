@@ -152,8 +152,9 @@ def cli_message(error: errors.CastoreError, args: argparse.Namespace) -> str:
         if error.task.startswith("lg-") and args.verb in ("status", "log"):
             thread = " (a LangGraph thread's tasks: --thread NAME)"
         return (
-            f"no task {error.task!r} in {store_path(args)}; `castore status` lists the tasks "
-            f"there{thread}, and --store or $CASTORE_STORE picks another store"
+            f"no task {error.task!r} in {store_path(args)}{_nearest_tasks(error.task, args)}; "
+            f"`castore status` lists the tasks there{thread}, and --store or $CASTORE_STORE "
+            "picks another store"
         )
     if isinstance(error, errors.StoreNotFoundError):
         nested = os.path.join(error.path, DEFAULT_STORE)
@@ -163,6 +164,18 @@ def cli_message(error: errors.CastoreError, args: argparse.Namespace) -> str:
                 f"(--store {nested})"
             )
     return str(error)
+
+
+def _nearest_tasks(task: str, args: argparse.Namespace) -> str:
+    """`; did you mean 'tally-1'?` for a typo'd id, from the store's own ids; '' if none is
+    near or the store cannot be listed (the error line says what it can without them)."""
+    from castore.cli import suggest  # noqa: PLC0415 - only on an error
+
+    try:
+        known = castore.Store.open(store_path(args)).tasks()
+    except (errors.CastoreError, OSError):
+        return ""
+    return suggest.did_you_mean(task, known)
 
 
 def os_error_text(exc: OSError) -> str:
