@@ -4,6 +4,8 @@ oversized snapshots are refused, each leaving the store byte-identical; blobs ca
 from __future__ import annotations
 
 import contextlib
+import datetime
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -326,3 +328,38 @@ def test_too_large_advice_names_put_raw_for_bytes(store: castore.Store) -> None:
         run.commit_step("think", "x" * (70 * 1024))
     assert "store.put_blob(value)" in str(caught.value)
     assert "store.put_raw(data)" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("result", "told"),
+    [
+        (
+            {"when": datetime.datetime(2026, 12, 7, tzinfo=datetime.UTC)},
+            "the result's field 'when' is a datetime, which is not part of castore's data "
+            "model (at $.transition.result.when)",
+        ),
+        (
+            {"counts": {1: "one"}},
+            "the result's field 'counts' has the key 1, of type int: keys must be str "
+            "(at $.transition.result.counts)",
+        ),
+        (
+            {"scores": [0.5, math.nan]},
+            "the result's field 'scores[1]' is nan, not a finite number "
+            "(at $.transition.result.scores[1])",
+        ),
+        (math.inf, "the result is inf, not a finite number (at $.transition.result)"),
+    ],
+    ids=["datetime", "int-key", "nan", "whole"],
+)
+def test_a_result_outside_the_data_model_names_the_step_and_field(
+    store: castore.Store, result: object, told: str
+) -> None:
+    """A step's result castore cannot encode names the task, the step and the result's
+    field, with the record path as the detail; nothing is committed."""
+    with _open(store) as run:
+        seq = run.head.seq
+        with pytest.raises(castore.EncodingError) as caught:
+            run.commit_step("think", result)
+        assert f"step 'think' of task '{TASK}': {told}; use only None" in str(caught.value)
+        assert (seq, caught.value.path) == (run.head.seq, told.rpartition("(at ")[2][:-1])

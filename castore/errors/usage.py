@@ -64,13 +64,35 @@ class InvalidObjectIdError(UsageError):
 
 
 class EncodingError(UsageError):
-    """A value outside castore's canonical data model (see docs/FORMAT.md)."""
+    """A value outside castore's canonical data model (see docs/FORMAT.md).
 
-    def __init__(self, path: str, reason: str, advice: str = "") -> None:
+    `path` is where in the record the value sits ('$.transition.result.when'); `found`, if
+    the encoder knows it, what the value is, worded to follow its place ("is a datetime,
+    ..."); `subject` names that place for a person ("step 'a' of task 'nj-1': the result's
+    field 'when'"), and the path is then only the detail in brackets."""
+
+    def __init__(
+        self,
+        path: str,
+        reason: str,
+        advice: str = "",
+        *,
+        found: str | None = None,
+        subject: str | None = None,
+    ) -> None:
         self.path = path
         self.reason = reason
+        self.advice = advice
+        self.found = found
+        self.subject = subject
+        if subject is None:
+            head = f"cannot encode value at {path}: {reason}"
+        elif found is not None:
+            head = f"{subject} {found} (at {path})"
+        else:
+            head = f"{subject}: {reason} (at {path})"
         super().__init__(
-            f"cannot encode value at {path}: {reason}; "
+            f"{head}; "
             + (
                 advice
                 or "use only None, bool, 64-bit int, finite float, str and lists/dicts of "

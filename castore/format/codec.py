@@ -119,28 +119,62 @@ def _check(value: object, path: str) -> None:
         _check_str(str(value), path)
     elif kind is int:
         if not INT_MIN <= int(value) <= INT_MAX:  # type: ignore[call-overload]
-            raise EncodingError(path, f"integer {value} does not fit in 64 bits")
+            raise EncodingError(
+                path,
+                f"integer {value} does not fit in 64 bits",
+                found=f"is {value}, an integer that does not fit in 64 bits",
+            )
     elif kind is float:
         if not math.isfinite(float(value)):  # type: ignore[arg-type]
-            raise EncodingError(path, f"{value} is not a finite number")
+            raise EncodingError(
+                path, f"{value} is not a finite number", found=f"is {value}, not a finite number"
+            )
     elif isinstance(value, list | tuple) and kind in (list, tuple):
         for index, item in enumerate(value):
             _check(item, f"{path}[{index}]")
     elif isinstance(value, dict) and kind is dict:
         for key, item in value.items():
             if type(key) is not str:
-                raise EncodingError(path, f"dict key {key!r} is not a str")
+                raise EncodingError(
+                    path,
+                    f"dict key {key!r} is not a str",
+                    found=f"has the key {key!r}, of type {type(key).__name__}: keys must be str",
+                )
             _check_str(key, path)
             _check(item, f"{path}.{key}")
     else:
-        raise EncodingError(path, f"{kind.__name__} is not part of the data model")
+        raise EncodingError(
+            path,
+            f"{kind.__name__} is not part of the data model",
+            found=f"is a {kind.__name__}, which is not part of castore's data model",
+        )
+
+
+def told_of_result(error: EncodingError, owner: str, base: str, advice: str = "") -> EncodingError:
+    """`error` worded for the person whose value it is: `owner` ("step 'a' of task 'nj-1'")
+    and the result's field a path under `base` (where the result sits in the record) names,
+    with the path kept as the detail; `advice` replaces the error's own if given."""
+    rest = error.path[len(base) :] if error.path.startswith(base) else None
+    if rest == "":
+        subject = f"{owner}: the result"
+    elif rest is not None and rest[0] == ".":
+        subject = f"{owner}: the result's field {rest[1:]!r}"
+    elif rest is not None and rest[0] == "[":
+        subject = f"{owner}: the result's item {rest!r}"
+    else:  # not in the result: a value castore took from elsewhere (a reason, a key)
+        return EncodingError(error.path, error.reason, advice or error.advice, subject=owner)
+    return EncodingError(
+        error.path, error.reason, advice or error.advice, found=error.found, subject=subject
+    )
 
 
 def _check_str(text: str, path: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        raise EncodingError(path, "string contains a lone surrogate") from None
+        raise EncodingError(
+            path, "string contains a lone surrogate", found="holds a lone surrogate"
+        ) from None
 
 
 # What `_plain_kind` finds: not plain (the walks below name what is wrong), plain, or plain

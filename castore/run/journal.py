@@ -182,9 +182,10 @@ def _recorded(run: RunView, step_id: str, result: Any, fields: tuple[str, ...]) 
     try:
         encoded = codec.encode_value(result)
     except EncodingError as exc:
-        raise EncodingError(
-            f"{exc.path} of the result of call {step_id!r} (task {run.task_id!r})",
-            exc.reason,
+        raise codec.told_of_result(
+            exc,
+            f"call {step_id!r} of task {run.task_id!r}",
+            "$",
             f"{_not_recorded(run)}; {_PLAIN}, then {_again(run)}",
         ) from exc
     value = codec.decode_value(encoded)  # what every replay returns

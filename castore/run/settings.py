@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection
 
+from castore.errors import EncodingError
 from castore.format import codec, guard
 from castore.format.digest import hash_chunks
 from castore.format.model import attrs
@@ -78,7 +79,17 @@ def encode_snapshot(snapshot: Snapshot, settings: RunSettings, version: int | No
     guard.refuse_secrets(builtins["effects"], settings.allow_fields, "$.effects")
     if version is None:
         version = snapshot_version(snapshot)
-    data = codec.frame("snapshot", codec.encode_value(builtins), version)
+    try:
+        encoded = codec.encode_value(builtins)
+    except EncodingError as exc:
+        step = snapshot.transition.step
+        owner = (
+            f"task {snapshot.task!r}"
+            if step is None
+            else f"step {step!r} of task {snapshot.task!r}"
+        )
+        raise codec.told_of_result(exc, owner, "$.transition.result") from exc
+    data = codec.frame("snapshot", encoded, version)
     parts = {**builtins["transition"], "effects": builtins["effects"]}
     guard.check_size(data, parts, settings.snapshot_budget)
     return data
