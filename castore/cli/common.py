@@ -4,6 +4,7 @@ opening the store, the JSON line printer and the parser's store options."""
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -23,7 +24,7 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a tool killed 
 EXIT_FINDINGS = 1  # fsck found errors; doctor found the filesystem unsafe
 EXIT_USAGE = 2  # bad arguments, not a store, unknown format version, a task id taken
 EXIT_INTEGRITY = 3  # a corrupt or missing object, a broken chain
-EXIT_CONFLICT = 4  # another writer advanced the task first
+EXIT_CONFLICT = 4  # another writer advanced the task first, or holds its lock past the wait
 EXIT_REFUSED = 5  # refused: the resumption gate (drift, keyless effect, ...), a forgotten task
 EXIT_UNKNOWN_OUTCOME = 6  # an effect's outcome is unknown: a person must resolve it
 EXIT_FAILURE = 7  # any other castore error (I/O, durability)
@@ -42,6 +43,7 @@ _EXIT_BY_ERROR: tuple[tuple[type[BaseException], int], ...] = (
     (errors.TaskExistsError, EXIT_USAGE),
     (errors.IntegrityError, EXIT_INTEGRITY),
     (errors.ConflictError, EXIT_CONFLICT),
+    (errors.TaskBusyError, EXIT_CONFLICT),
     (errors.OutcomeUnknownError, EXIT_UNKNOWN_OUTCOME),
 )
 
@@ -102,6 +104,27 @@ def store_path(args: argparse.Namespace) -> str:
 
 def open_store(args: argparse.Namespace) -> castore.Store:
     return castore.Store.open(store_path(args))
+
+
+def telling_lock_waits(handler: Handler) -> Handler:
+    """`handler`, with a wait for a task's lock told on stderr as it begins (one line, the
+    library's note on logger castore.lock): a verb that waits in silence looks hung."""
+
+    @functools.wraps(handler)
+    def run(args: argparse.Namespace) -> int:
+        import logging  # noqa: PLC0415 - only for the verbs that lock: --help stays light
+        import sys  # noqa: PLC0415
+
+        logger = logging.getLogger("castore.lock")
+        note = logging.StreamHandler(sys.stderr)
+        note.setFormatter(logging.Formatter("castore: note: %(message)s"))
+        logger.addHandler(note)
+        try:
+            return handler(args)
+        finally:
+            logger.removeHandler(note)
+
+    return run
 
 
 def emit_json(kind: str, value: Mapping[str, object], *, flush: bool = False) -> None:

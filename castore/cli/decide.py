@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from castore.cli.common import EXIT_OK, emit_json, open_store
+from castore.cli.common import EXIT_OK, emit_json, open_store, telling_lock_waits
 
 
+@telling_lock_waits
 def cmd_resolve(args: argparse.Namespace) -> int:
     store = open_store(args)
     snapshot_id = store.resolve(

@@ -156,6 +156,12 @@ def cli_message(error: errors.CastoreError, args: argparse.Namespace) -> str:
             f"`castore status` lists the tasks there{thread}, and --store or $CASTORE_STORE "
             "picks another store"
         )
+    if isinstance(error, errors.TaskBusyError):
+        return (
+            f"task {error.task!r} is held by another worker on this host (waited "
+            f"{error.waited:g}s for its lock); let that worker finish, then run the command "
+            "again"
+        )
     if isinstance(error, errors.StoreNotFoundError):
         nested = os.path.join(error.path, DEFAULT_STORE)
         if os.path.isfile(layout.Layout(nested).marker):

@@ -5,7 +5,8 @@
 Steps: quote → charge (effect: payments) → reserve → ship (effect: shipping) → notify
 (effect: email) → summary. Later steps use earlier results and receipts, so a resumed run
 must get them back exactly. Exit status: 0 finished, 3 interrupted (a service call failed;
-run again), 4 lost a commit race (run again), 6 an effect's outcome is unknown (a person
+run again), 4 lost a commit race, or another copy held the task past the lock's wait (run
+again; the wait is told on stderr as it begins), 6 an effect's outcome is unknown (a person
 must resolve it), 2 refused (drift or a broken chain).
 """
 
@@ -129,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unresolved: {exc.step} {exc.key}", flush=True)
         return EXIT_UNKNOWN
     except castore.ConflictError:
+        return EXIT_CONFLICT
+    except castore.TaskBusyError as exc:  # another copy of this task still runs: run again
+        print(f"busy: {exc}", file=sys.stderr)
         return EXIT_CONFLICT
     except castore.ResumeRefusedError as exc:
         print(f"refused: {exc}", file=sys.stderr)

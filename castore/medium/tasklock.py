@@ -18,6 +18,7 @@ from castore.errors import TaskBusyError
 from castore.medium import oserrors
 
 LOCK_MODE = 0o664  # group members share a store
+LOCK_LOGGER = "castore.lock"  # where a wait for a held lock is told (docs/howto/agents.md)
 _NO_FLOCK = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP}
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ class TaskLock:
         """Wait up to `timeout` seconds (negative: forever) for the lock; False if this
         filesystem has no flock at all (then the commit point alone keeps commits safe)."""
         try:
-            self._lock.acquire(timeout=timeout)
+            self._wait(timeout)
         except self._filelock.Timeout:
             raise TaskBusyError(self._task_id, timeout) from None
         except NotImplementedError:
@@ -59,6 +60,26 @@ class TaskLock:
             # A planted symlink (O_NOFOLLOW: ELOOP), no permission, an I/O error.
             raise oserrors.io_error(self._path, "opening and locking the task lock", exc) from exc
         return True
+
+    def _wait(self, timeout: float) -> None:
+        """Take the lock at once if it is free; else say so (a person at a terminal sees a
+        second copy of a task waiting, not hanging) and wait up to `timeout` seconds."""
+        try:
+            self._lock.acquire(blocking=False)
+        except self._filelock.Timeout:
+            if timeout == 0:
+                raise
+            # logging, loaded with filelock already: a program's own handlers get the line,
+            # and with none configured Python's last-resort handler prints it on stderr.
+            import logging  # noqa: PLC0415
+
+            limit = "with no time limit" if timeout < 0 else f"up to {timeout:g}s"
+            logging.getLogger(LOCK_LOGGER).warning(
+                "task %r is held by another worker on this host; waiting %s for its lock",
+                self._task_id,
+                limit,
+            )
+            self._lock.acquire(timeout=timeout)
 
     def release(self) -> None:
         """Release the lock; the lock file stays (unlinking it would split waiters)."""
