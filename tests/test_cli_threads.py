@@ -4,8 +4,9 @@ thread's tasks found by the encoded start of their ids, whatever their generatio
 from __future__ import annotations
 
 import json
+import operator
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, TypedDict
 
 import pytest
 from helpers import cli
@@ -13,6 +14,7 @@ from helpers import cli
 pytest.importorskip("langgraph")
 
 from langgraph.checkpoint.base import empty_checkpoint
+from langgraph.graph import END, START, StateGraph
 
 import castore
 from castore.cli.threads import thread_tasks
@@ -99,3 +101,85 @@ def test_log_of_several_tasks_heads_each_and_errors_are_one_line(
         code, out, err = cli(capsys, "--store", root, *argv)
         assert (2, "", 1) == (code, out, len(err.splitlines())), argv
         assert message in err, argv
+
+
+class _Trip(TypedDict):
+    items: Annotated[list[str], operator.add]
+
+
+def _graph(saver: CastoreSaver, *, stop_before: str | None = None) -> Any:
+    """plan -> act: two nodes, each adding to `items`; `stop_before` a node: interrupt there."""
+    graph = StateGraph(_Trip)
+    graph.add_node("plan", lambda _: {"items": ["planned"]})
+    graph.add_node("act", lambda _: {"items": ["acted"]})
+    graph.add_edge(START, "plan")
+    graph.add_edge("plan", "act")
+    graph.add_edge("act", END)
+    return graph.compile(
+        checkpointer=saver, interrupt_before=[stop_before] if stop_before else None
+    )
+
+
+def test_log_of_a_thread_shows_its_checkpoints_as_langgraph_does(
+    store: castore.Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`log --thread` gives each checkpoint's id, step, source, the node that wrote it, the
+    channels it changed and the nodes it leaves next, as get_state_history has them."""
+    config: Any = {"configurable": {"thread_id": "trip-7"}}
+    with CastoreSaver(store) as saver:
+        app = _graph(saver)
+        app.invoke({"items": ["hi"]}, config)
+        history = list(app.get_state_history(config))
+    code, out, err = cli(capsys, "--store", str(store.root), "log", "--thread", "trip-7")
+    assert (0, "") == (code, err)
+    lines = [line.strip().split("  ", 3)[3] for line in out.splitlines()]
+    checkpoints = [line for line in lines if line.startswith("checkpoint ")]
+    assert [
+        f"checkpoint {state.config['configurable']['checkpoint_id']}  step "
+        f"{state.metadata['step']} ({state.metadata['source']})"
+        for state in history
+    ] == [line.split("  ")[0] + "  " + line.split("  ")[1] for line in checkpoints]
+    assert [list(state.next) for state in history] == [
+        line.partition("  next: ")[2].split(", ") if "  next: " in line else []
+        for line in checkpoints
+    ]
+    step_1 = history[1].config["configurable"]["checkpoint_id"]
+    assert f"checkpoint {step_1}  step 1 (loop)  by plan  changed: items  next: act" in lines
+    assert "thread 'trip-7', namespace ''" in lines
+    code, out, _ = cli(capsys, "--store", str(store.root), "log", "--thread", "trip-7", "--json")
+    told = [json.loads(line).get("langgraph", {}) for line in out.splitlines()]
+    assert ["act"] == next(t for t in told if t.get("step") == 2)["written_by"]
+
+
+def test_status_of_a_thread_says_where_its_graph_stands(
+    store: castore.Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A thread that finished its turn is idle at its last checkpoint with no next node; one
+    stopped before a node names that node; neither says "waiting for its next decision"."""
+    done: Any = {"configurable": {"thread_id": "done"}}
+    held: Any = {"configurable": {"thread_id": "held"}}
+    with CastoreSaver(store) as saver:
+        _graph(saver).invoke({"items": ["hi"]}, done)
+        stopped = _graph(saver, stop_before="act")
+        stopped.invoke({"items": ["hi"]}, held)
+        last = {
+            name: _graph(saver).get_state(config).config["configurable"]["checkpoint_id"]
+            for name, config in (("done", done), ("held", held))
+        }
+    root = str(store.root)
+    for thread, step, told in [
+        ("done", 2, "next node: none (the graph finished its turn)"),
+        ("held", 1, "next node: act"),
+    ]:
+        code, out, _ = cli(capsys, "--store", root, "status", "--thread", thread)
+        line = out.splitlines()[0]
+        assert (0, f"idle at checkpoint {last[thread]} (step {step})  {told}") == (
+            code,
+            line.split("  ", 2)[2],
+        )
+        code, out, _ = cli(capsys, "--store", root, "status", "--thread", thread, "--json")
+        row = json.loads(out.splitlines()[0])["langgraph"]
+        assert (last[thread], [] if thread == "done" else ["act"]) == (
+            row["checkpoint_id"],
+            row["next"],
+        )

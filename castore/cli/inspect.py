@@ -13,7 +13,7 @@ from castore.cli.common import (
     EXIT_INTEGRITY,
     EXIT_OK,
     emit_json,
-    open_store,
+    open_reader,
     positive_int,
 )
 from castore.errors import ChainError, ObjectMissingError, UsageError
@@ -46,9 +46,11 @@ def _transition_text(snapshot: Snapshot) -> str:
     return " ".join(parts)
 
 
-def _snapshot_line(snapshot_id: str, snapshot: Snapshot) -> str:
+def _snapshot_line(snapshot_id: str, snapshot: Snapshot, event: Any = None) -> str:
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(snapshot.time_ms / 1000))
-    return f"{snapshot.seq:>6}  {when}Z  {snapshot_id[:12]}  {_transition_text(snapshot)}"
+    # An event's names and ids are a graph's text: one line, whatever they hold.
+    told = _transition_text(snapshot) if event is None else display_name(event.text())
+    return f"{snapshot.seq:>6}  {when}Z  {snapshot_id[:12]}  {told}"
 
 
 def cmd_log(args: argparse.Namespace) -> int:
@@ -58,7 +60,7 @@ def cmd_log(args: argparse.Namespace) -> int:
         raise UsageError(
             "give a TASK (`castore status` lists them) or --thread NAME (see `castore log --help`)"
         )
-    store = open_store(args)
+    store = open_reader(args)
     tasks = _log_tasks(store, args)
     status = EXIT_OK
     for task in tasks:
@@ -95,11 +97,17 @@ def _log_task(store: Store, task: str, args: argparse.Namespace) -> int:
                 "its history below the tombstone",
                 file=sys.stderr,
             )
+    # A CastoreSaver thread's slots as LangGraph shows its checkpoints (threadview.py).
+    told = threads.events(
+        store, task, [(s.object_id or "", s.snapshot) for s in slots if s.snapshot]
+    )
     for slot in slots[: args.count]:
+        event = told.get(slot.seq) if slot.snapshot is not None else None
         if args.json:
-            emit_json(*_slot_json(slot))
+            kind, line = _slot_json(slot)
+            emit_json(kind, line if event is None else {**line, "langgraph": event.to_json()})
         elif slot.snapshot is not None and slot.object_id is not None:
-            print(_snapshot_line(slot.object_id, slot.snapshot))
+            print(_snapshot_line(slot.object_id, slot.snapshot, event))
         else:
             print(history.slot_line(slot))
     if broken is None:
@@ -138,7 +146,7 @@ def _resolve_ref(store: Store, ref: str) -> str:
 def cmd_show(args: argparse.Namespace) -> int:
     from castore.format import codec  # noqa: PLC0415
 
-    store = open_store(args)
+    store = open_reader(args)
     object_id = _resolve_ref(store, args.id)
     data = _slot_bytes(store, args.id, object_id)
     if data is None and not store.objects.exists(object_id):

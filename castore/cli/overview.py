@@ -7,7 +7,7 @@ import fnmatch
 import functools
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from castore.cli import threads
 from castore.cli.common import (
@@ -15,7 +15,7 @@ from castore.cli.common import (
     EXIT_OK,
     EXIT_UNKNOWN_OUTCOME,
     json_line,
-    open_store,
+    open_reader,
     positive_int,
 )
 from castore.errors import UsageError
@@ -35,16 +35,36 @@ def _age(seconds: float) -> str:
     return f"{seconds:.0f}s"
 
 
-def _status_line(status: TaskStatus) -> str:
+def _status_line(status: TaskStatus, checkpoint: Any = None) -> str:
     if status.error:
         return f"{status.task}  BROKEN: {display_name(status.error)}"
     if status.forgotten:  # who and why are a person's text: one line, whatever they hold
         return f"{status.task}  seq {status.seq}  {display_name(status.reason)}"
     step = "finished" if status.finished else f"at {status.step}"
+    if checkpoint is not None:  # a LangGraph thread: where its graph stands, not its log's
+        return _effect_lines(f"{status.task}  seq {status.seq}  {_thread_text(checkpoint)}", status)
     if status.decided is not None and not status.finished:  # a growing plan
         step = f"at {status.step}" if status.step else "waiting for its next decision"
         step += f"  ({status.decided} steps decided)"
-    head = f"{status.task}  seq {status.seq}  {step}  next: {status.next_action}"
+    return _effect_lines(
+        f"{status.task}  seq {status.seq}  {step}  next: {status.next_action}", status
+    )
+
+
+def _thread_text(checkpoint: Any) -> str:
+    """`idle at checkpoint ID (step 2)  next node: act` (threadview.Checkpoint)."""
+    # The ids and node names are a graph's text: one line, whatever they hold.
+    where = display_name(f"checkpoint {checkpoint.checkpoint_id} (step {checkpoint.step})")
+    nodes = display_name(", ".join(checkpoint.next))
+    if checkpoint.interrupted:
+        stopped = display_name(", ".join(checkpoint.interrupted))
+        return f"interrupted in {stopped} at {where}  next node: {nodes or stopped}"
+    if not checkpoint.next:
+        return f"idle at {where}  next node: none (the graph finished its turn)"
+    return f"idle at {where}  next node: {nodes}"
+
+
+def _effect_lines(head: str, status: TaskStatus) -> str:
     lines = [head]
     # A key or a reason is the caller's text: one holding a line break would forge a line.
     lines.extend(
@@ -105,8 +125,12 @@ def _wanted(status: TaskStatus, args: argparse.Namespace) -> bool:
 Shown = tuple[bool, bool, bool, str]
 
 
-def _shown(status: TaskStatus, as_json: bool) -> Shown:
-    text = json_line("task", status.to_dict()) if as_json else _status_line(status)
+def _shown(status: TaskStatus, as_json: bool, checkpoint: Any = None) -> Shown:
+    if as_json:
+        extra = {} if checkpoint is None else {"langgraph": checkpoint.to_json()}
+        text = json_line("task", {**status.to_dict(), **extra})
+    else:
+        text = _status_line(status, checkpoint)
     return bool(status.effects), _unresolved(status), bool(status.error), text
 
 
@@ -164,8 +188,16 @@ def _read_unit(store: Store, args: argparse.Namespace, tasks: list[str]) -> list
     for task in tasks:
         status = store.status(task, verify=args.verify)
         if _wanted(status, args):
-            shown.append(_shown(status, args.json))
+            shown.append(_shown(status, args.json, _checkpoint(store, status, args)))
     return shown
+
+
+def _checkpoint(store: Store, status: TaskStatus, args: argparse.Namespace) -> Any:
+    """With --thread: the newest checkpoint of a thread's task, as LangGraph's get_state
+    tells it (threadview.py); None for a broken or forgotten task, or one that has none."""
+    if args.thread is None or status.error or status.forgotten:
+        return None
+    return threads.where_it_stands(store, status.task)
 
 
 def _write_lines(lines: list[str]) -> None:
@@ -182,7 +214,7 @@ _LINES_A_WRITE = 64
 def cmd_status(args: argparse.Namespace) -> int:
     if args.thread is not None and args.task is not None:
         raise UsageError("give a TASK (or glob) or --thread NAME, not both")
-    store = open_store(args)
+    store = open_reader(args)
     tasks = threads.selected(args, store.tasks() if args.thread is not None else ())
     if tasks is None:
         tasks = _selected_tasks(store, args.task)

@@ -12,8 +12,13 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterable
 from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from castore.errors import UsageError
+
+if TYPE_CHECKING:
+    from castore.format.records import Snapshot
+    from castore.store import Store
 
 # In the encoding '_' is followed only by '_' or a hex digit inside a field, so '_' and any
 # other character is where the next field (the generation, and what may follow it) starts.
@@ -78,3 +83,32 @@ def selected(args: argparse.Namespace, tasks: Iterable[str]) -> list[str] | None
             "`castore status` lists its tasks (is --store the saver's store?)"
         )
     return found
+
+
+def _view() -> ModuleType | None:
+    try:
+        from castore.langgraph import threadview  # noqa: PLC0415 - loads LangGraph
+    except ImportError:
+        return None  # without the extra a saver's task is shown as castore steps
+    return threadview
+
+
+def events(store: Store, task: str, history: Iterable[tuple[str, Snapshot]]) -> dict[int, Any]:
+    """The LangGraph event of each snapshot (by seq) of a CastoreSaver task, as `log` shows
+    it (`.text()`, `.to_json()`); {} for any other task, or without the langgraph extra."""
+    if not task.startswith("lg-"):  # no LangGraph import for a task of another name
+        return {}
+    view = _view()
+    if view is None or _names().base_of(task) is None:
+        return {}
+    found: dict[int, Any] = view.events(store, history)
+    return found
+
+
+def where_it_stands(store: Store, task: str) -> Any:
+    """The newest checkpoint of a CastoreSaver task (`.checkpoint_id`, `.step`, `.next`,
+    `.interrupted`), or None if it has none or cannot be read so."""
+    view = _view()
+    if view is None or _names().base_of(task) is None:
+        return None
+    return view.latest(view.events(store, store.history(task)))

@@ -33,6 +33,7 @@ try:
     )
     from langgraph.checkpoint.memory import InMemorySaver
     from langgraph.checkpoint.serde.base import SerializerProtocol
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
     from langgraph.graph import END, START, MessagesState, StateGraph
     from langgraph.prebuilt import ToolNode, tools_condition
     from langgraph.types import Command, interrupt
@@ -60,6 +61,7 @@ __all__ = [
     "Command",
     "InMemorySaver",
     "InjectedToolCallId",
+    "JsonPlusSerializer",
     "MessagesState",
     "PendingWrite",
     "RunnableConfig",
