@@ -12,7 +12,7 @@ The floors, bottom first (each package's docstring says what it owns and may imp
     5  castore.store                           the facade: open a store, start and resume tasks
     6  castore.maintenance                     gc, fsck, upgrade, retention, reclaim
     6.5  castore (its __init__)                the public API, which adapters use as a user would
-    7  adapters: aio, langgraph, watch, doctor, lab, cli, and castore.__main__
+    7  adapters: aio, langgraph, watch, doctor, lab, ui, cli, and castore.__main__
 
 A module may import modules of its own floor and below; adapters may import each other only
 as listed in ADAPTER_EDGES (the CLI drives the others; the lab and doctor are the CLI's too).
@@ -44,6 +44,7 @@ FLOORS: dict[str, float] = {
     "castore.doctor": 7,
     "castore.lab": 7,
     "castore.cli": 7,
+    "castore.ui": 7,
     "castore": 6.5,  # castore/__init__.py: the public API
     "castore.__main__": 7,
 }
@@ -53,6 +54,9 @@ ADAPTER_EDGES = {
     ("castore.cli", "castore.doctor"),
     ("castore.cli", "castore.lab"),
     ("castore.cli", "castore.langgraph"),
+    ("castore.cli", "castore.ui"),
+    ("castore.ui", "castore.watch"),  # the alerts page shows what castore watch raises
+    ("castore.ui", "castore.langgraph"),  # a LangGraph thread's node names and checkpoints
     ("castore.lab", "castore.aio"),
     ("castore.langgraph", "castore.lab"),
     ("castore.langgraph", "castore.aio"),
@@ -323,6 +327,9 @@ def test_each_third_party_dependency_has_one_importer() -> None:
         "langgraph": ["castore.langgraph.deps"],
         "langchain_core": ["castore.langgraph.deps"],
         "pydantic": ["castore.langgraph.tool"],
+        "starlette": ["castore.ui.app"],
+        "uvicorn": ["castore.ui.server"],
+        "jinja2": ["castore.ui.pages"],
     } == importers
 
 

@@ -15,6 +15,7 @@ from castore.cli import (
     inspect,
     maintenance,
     overview,
+    ui,
     upgrade,
     watch,
 )
@@ -31,6 +32,7 @@ REGISTRARS: list[Registrar] = [
     maintenance.register,
     upgrade.register,
     watch.register,
+    ui.register,
     doctor.register,
     demo.register,
 ]
