@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import re
@@ -91,3 +92,78 @@ def test_the_site_shows_a_pipe_in_a_table_cells_code_span() -> None:
         "| `castore log TASK\\|--thread NAME` | a\\|b |"
     )
     assert "text `a\\|b`" == hooks.table_pipes("text `a\\|b`")
+
+
+# Each class whose reference lists its members, the members a user meets first, and the
+# public members it leaves out on purpose: what fsck, gc and castore's own layers use, and
+# the attributes its page tells in prose (they have no docstring of their own to render).
+_STORE_LEFT_OUT = "unmarked seal_run medium layout objects root format_version"
+_RUN_IN_PROSE = "task_id plan plan_id head head_id done"
+_RUN_INTERNAL = (
+    "chain_clock env_unverified outcome planned snapshot_at advance sealed_through_head "
+    "seal_now now_ms live_env record_outcome carry_outcome objects allow_fields task_place "
+    "run_id writes_v2 stale checked_result record_step grown_by frontier_step"
+)
+_ARUN_IN_PROSE = "task_id head next_step finished grows plan_digest position done receipt"
+LISTED: dict[str, tuple[Path, tuple[str, ...], frozenset[str]]] = {
+    "castore.Store": (
+        REFERENCE / "api.md",
+        ("open", "init", "open_task"),
+        frozenset(_STORE_LEFT_OUT.split()),
+    ),
+    "castore.Run": (
+        REFERENCE / "api.md",
+        ("pending", "commit_step", "result"),
+        frozenset(f"{_RUN_IN_PROSE} {_RUN_INTERNAL}".split()),
+    ),
+    "castore.aio.AsyncStore": (REFERENCE / "aio.md", ("open_task",), frozenset({"pool"})),
+    "castore.aio.AsyncRun": (
+        REFERENCE / "aio.md",
+        ("result", "commit_step"),
+        frozenset(f"{_ARUN_IN_PROSE} run pool stale claim release wait_in_flight".split()),
+    ),
+    "castore.aio.AsyncCall": (REFERENCE / "aio.md", ("confirm", "not_done"), frozenset({"pool"})),
+}
+
+
+def _listed_members(page: Path, name: str) -> list[str]:
+    """The `members:` list of the `::: name` directive on `page`, in its order."""
+    text = page.read_text(encoding="utf-8")
+    found = re.search(rf"^::: {re.escape(name)}\n((?:    .*\n)*)", text, re.M)
+    assert found is not None, f"{page.name} has no `::: {name}`"
+    block = found.group(1)
+    assert "      members:\n" in block, f"`::: {name}` on {page.name} lists no members"
+    return re.findall(r"^        - (\w+)$", block.split("      members:\n", 1)[1], re.M)
+
+
+@functools.cache
+def _package() -> Any:
+    griffe = pytest.importorskip("griffe")  # the docs extra's, as the site build's
+    return griffe.load("castore", search_paths=[str(ROOT)], resolve_aliases=True)
+
+
+def _public_members(name: str) -> set[str]:
+    """What mkdocstrings would render of class `name` without a list: every member griffe
+    finds (inherited ones and attributes set in __init__ too) not named with '_'."""
+    found = _package()[name.removeprefix("castore.")]
+    found = found.final_target if found.is_alias else found
+    members = {**found.inherited_members, **found.members}
+    return {member for member in members if not member.startswith("_")}
+
+
+@pytest.mark.parametrize("name", sorted(LISTED))
+def test_the_api_reference_renders_the_public_members_users_meet_first(name: str) -> None:
+    """A class's reference lists its members, leading with the ones a user meets first, and
+    renders exactly its public API: every public member is listed or left out on purpose,
+    so an internal one (`Store.unmarked`, `Run.writes_v2`) is never rendered, and a new
+    member is a decision."""
+    page, leads, left_out = LISTED[name]
+    listed = _listed_members(page, name)
+    public = _public_members(name)
+    assert list(leads) == listed[: len(leads)]
+    assert ([], [], []) == (
+        sorted(set(listed) - public),  # listed, but no such member
+        sorted(set(listed) & left_out),
+        sorted(public - left_out - set(listed)),  # neither listed nor left out
+    )
+    assert len(listed) == len(set(listed))
