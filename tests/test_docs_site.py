@@ -167,3 +167,18 @@ def test_the_api_reference_renders_the_public_members_users_meet_first(name: str
         sorted(public - left_out - set(listed)),  # neither listed nor left out
     )
     assert len(listed) == len(set(listed))
+
+
+def test_the_home_page_names_object_storage_as_the_readme_does() -> None:
+    """The site's home page says in its first paragraph that a store may be an S3 bucket
+    prefix, and its "get a job done" row links the object-storage guide, as the README does."""
+    home = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
+    first = home.split("\n\n")[1]
+    (row,) = [line for line in home.splitlines() if line.startswith("| get a job done |")]
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert (True, True, True, True) == (
+        "(docs/howto/object-storage.md)" in readme.split("\n\n")[1],
+        "S3 bucket prefix" in first,
+        "(howto/object-storage.md)" in first,
+        "(howto/object-storage.md)" in row,
+    )
