@@ -168,12 +168,13 @@ def test_a_request_naming_another_host_is_refused(server: UiServer) -> None:
 
 
 def test_every_page_forbids_framing_and_foreign_scripts(server: UiServer) -> None:
-    """No framing (a resolve button under another site's page), no referrer, own scripts."""
+    """No framing (a resolve button under another site's page), no referrer elsewhere, and
+    scripts only the page's own."""
     headers = server.headers("/")
     assert "DENY" == headers["x-frame-options"]
     assert "frame-ancestors 'none'" in headers["content-security-policy"]
     assert "script-src 'nonce-" in headers["content-security-policy"]
-    assert "no-referrer" == headers["referrer-policy"]
+    assert "same-origin" == headers["referrer-policy"]
 
 
 # -- resolving ---------------------------------------------------------------------------------

@@ -264,15 +264,16 @@ async def _body(request: Request) -> str | None:
 
 
 def _secured(response: R, nonce: str | None = None) -> R:
-    """No framing (a resolve button under another site's page), no referrer (a URL may hold
-    the token), no cache, and scripts only this page's own (its nonce)."""
+    """No framing (a resolve button under another site's page), no referrer to another site
+    (a URL may hold the token; "no-referrer" would make the browser send `Origin: null` with
+    this page's own forms), no cache, and scripts only this page's own (its nonce)."""
     script = f"'nonce-{nonce}'" if nonce else "'none'"
     response.headers["Content-Security-Policy"] = (
         f"default-src 'none'; style-src 'unsafe-inline'; script-src {script}; "
         "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
     )
     response.headers["X-Frame-Options"] = "DENY"
-    response.headers["Referrer-Policy"] = "no-referrer"
+    response.headers["Referrer-Policy"] = "same-origin"
     response.headers["Cache-Control"] = "no-store"
     response.headers["X-Content-Type-Options"] = "nosniff"
     return response
