@@ -182,3 +182,37 @@ def test_the_home_page_names_object_storage_as_the_readme_does() -> None:
         "(howto/object-storage.md)" in first,
         "(howto/object-storage.md)" in row,
     )
+
+
+def _code_lines(text: str) -> list[str]:
+    """The lines inside the fenced code blocks of a Markdown text."""
+    lines: list[str] = []
+    fence: str | None = None
+    for line in text.splitlines():
+        marker = re.match(r"\s*(```+|~~~+)", line)
+        if marker is not None and (fence is None or marker.group(1).startswith(fence)):
+            fence = marker.group(1) if fence is None else None
+        elif fence is not None:
+            lines.append(line)
+    return lines
+
+
+def _pages() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def test_the_command_line_is_spelled_castore_as_castores_own_hints_spell_it() -> None:
+    """Every command block runs `castore ...` with the venv activated, as the hints castore
+    prints say it, and the home page says once how to activate it; only the install
+    one-liner, which makes the venv, calls its script by path."""
+    spelled = [
+        f"{page.relative_to(ROOT)}: {line.strip()}"
+        for page in _pages()
+        for line in _code_lines(page.read_text(encoding="utf-8"))
+        if re.search(r"(^|[\s;&|(])\.venv/bin/castore\b", line)
+        and not line.startswith("python3 -m venv .venv && ")
+    ]
+    assert [] == spelled
+    assert "run `. .venv/bin/activate` once in each new shell" in (
+        (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
+    )
