@@ -5,11 +5,16 @@ of a resolve (token, Origin, Host), each refusal the CLI gives shown as the CLI 
 from __future__ import annotations
 
 import html
+import json
 import re
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
-from helpers import cli, rewrite, tree_snapshot
+from helpers import cli, rewrite, tree_snapshot, wait_for
+from s3servers import S3Endpoint
 
 import castore
 
@@ -238,3 +243,106 @@ def test_a_form_value_is_never_read_as_an_option(resolvable: UiServer) -> None:
     code, page = resolvable.post("/resolve", form, headers={"Origin": resolvable.origin})
     assert 200 == code, text_of(page)
     assert "CONFIRMED (receipt --not-done)" in text_of(page)
+
+
+# -- an S3 store -------------------------------------------------------------------------------
+def _bucket_state(s3: S3Endpoint, url: str) -> dict[str, tuple[str, int]]:
+    """Every object of the store's bucket: its ETag and size."""
+    import boto3  # noqa: PLC0415 - the s3 extra
+
+    bucket = url.removeprefix("s3://").partition("/")[0]
+    listed = boto3.client("s3", **s3.options()).list_objects_v2(Bucket=bucket)
+    return {o["Key"]: (o["ETag"], o["Size"]) for o in listed.get("Contents", [])}
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("s3_endpoint", ["moto"], indirect=True)
+def test_the_pages_work_on_an_s3_store(s3: S3Endpoint) -> None:
+    """On moto: the tasks page counts and lists the tasks, a task's page shows its effect and
+    timeline, the alerts page watches by listing, and browsing writes no object."""
+    url = s3.new_bucket("ui")
+    store = castore.Store.init(url)
+    with store.start("order-1", PLAN, lock_timeout=None) as run:
+        run.commit_step("price", 4200)
+        run.perform("charge", castore.Service("payments"), lambda key: "ch_1")
+        run.commit_step("email", "sent")
+    with store.start("order-2", PLAN, lock_timeout=None) as run:
+        run.commit_step("price", 10)  # charge, an effect, is next: PLANNED, its key durable
+    before = _bucket_state(s3, url)
+    with running(url) as ui:
+        code, page = ui.get("/")
+        assert 200 == code
+        counts = dict(re.findall(r'id="count-(\w+)"><b>(\d+)</b>', page))
+        assert ("2", "1", "1") == (counts["all"], counts["done"], counts["running"])
+        assert ["order-1", "order-2"] == re.findall(r'href="/task\?id=[^"]+">([^<]+)</a>', page)
+        code, page = ui.get("/task?id=order-2")
+        assert 200 == code
+        assert "charge PLANNED" in text_of(page)
+        code, page = ui.get("/task?id=order-1")
+        assert "PLANNED -> SUBMITTED" in text_of(page)
+        assert "SUBMITTED -> CONFIRMED" in text_of(page)
+        assert "ch_1" in text_of(page)
+        assert 200 == ui.get("/alerts")[0]
+        assert "listing every" in str(wait_for(lambda: _watching(ui), what="the first scan"))
+    assert before == _bucket_state(s3, url)
+
+
+def _watching(ui: UiServer) -> str | None:
+    code, body = ui.get("/alerts.json")
+    board = json.loads(body)
+    return str(board["mode"]) if 200 == code and board["state"] == "watching" else None
+
+
+def test_the_cli_parser_does_not_load_the_ui() -> None:
+    """`castore --help` loads none of castore.ui, Starlette, uvicorn or Jinja2."""
+    probe = "from castore.cli import build_parser\nbuild_parser().format_help()\nimport sys\n"
+    probe += "print('\\n'.join(sys.modules))"
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert "castore.cli.ui" in loaded
+    assert [] == [m for m in loaded if m.split(".")[0] in ("starlette", "uvicorn", "jinja2")]
+    assert [] == [m for m in loaded if m.startswith("castore.ui")]
+
+
+# -- a LangGraph thread ------------------------------------------------------------------------
+def _langgraph_thread(root: str) -> list[str]:
+    """A two-node graph (fetch, then summarize) run once on thread chat-7 with CastoreSaver;
+    the ids of the checkpoints it saved, newest first."""
+    pytest.importorskip("langgraph", reason="the langgraph extra")
+    import operator  # noqa: PLC0415
+    from typing import Annotated, TypedDict  # noqa: PLC0415
+
+    from castore.langgraph import CastoreSaver  # noqa: PLC0415
+    from castore.langgraph.deps import END, START, StateGraph  # noqa: PLC0415
+
+    # Spelled as a call: a class body's annotations would be strings, resolved at module level.
+    State = TypedDict("State", {"items": Annotated[list[str], operator.add]})  # noqa: UP013
+
+    graph = StateGraph(State)
+    graph.add_node("fetch", lambda state: {"items": ["a"]})
+    graph.add_node("summarize", lambda state: {"items": ["b"]})
+    graph.add_edge(START, "fetch")
+    graph.add_edge("fetch", "summarize")
+    graph.add_edge("summarize", END)
+    config: Any = {"configurable": {"thread_id": "chat-7"}}
+    with CastoreSaver(castore.Store.open(root)) as saver:
+        graph.compile(checkpointer=saver).invoke({"items": []}, config)
+        return [c.config["configurable"]["checkpoint_id"] for c in saver.list(config)]
+
+
+def test_a_langgraph_thread_shows_its_checkpoints_and_nodes(tmp_path: Path) -> None:
+    """CastoreSaver's task: every checkpoint id, the nodes that ran and run next, and each
+    timeline entry in LangGraph's words (a node's writes), not only tree ids."""
+    store = castore.Store.init(tmp_path / "store")
+    checkpoints = _langgraph_thread(store.root)
+    [task] = store.tasks()
+    with running(store.root) as ui:
+        code, page = ui.get(f"/task?id={task}")
+    assert 200 == code
+    text = text_of(page)
+    assert "Thread chat-7 , namespace" in text
+    for checkpoint in checkpoints:
+        assert checkpoint in text
+    assert re.search(r"\(loop\) fetch summarize", text)  # step 1: after fetch, next summarize
+    assert "writes of node summarize for checkpoint" in text
