@@ -7,6 +7,7 @@ from __future__ import annotations
 import html
 import json
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -346,3 +347,37 @@ def test_a_langgraph_thread_shows_its_checkpoints_and_nodes(tmp_path: Path) -> N
         assert checkpoint in text
     assert re.search(r"\(loop\) fetch summarize", text)  # step 1: after fetch, next summarize
     assert "writes of node summarize for checkpoint" in text
+
+
+# -- the command line --------------------------------------------------------------------------
+def test_ui_on_a_path_that_is_no_store_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The usual one line and exit 2, before anything listens."""
+    code, out, err = cli(capsys, "ui", "--store", str(tmp_path / "nowhere"), "--port", "0")
+    assert (2, "") == (code, out)
+    assert err.startswith("castore: error: ")
+    assert 1 == len(err.strip().splitlines())
+
+
+def test_ui_on_a_port_in_use_says_so(
+    store: castore.Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = str(taken.getsockname()[1])
+        code, _, err = cli(capsys, "ui", "--store", store.root, "--port", port)
+    assert 2 == code
+    assert f"castore: error: cannot listen on 127.0.0.1:{port}" in err
+    assert "give another --port (0: any free port)" in err
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::"])  # noqa: S104 - refused, never bound
+def test_ui_refuses_to_listen_on_every_address(
+    store: castore.Store, capsys: pytest.CaptureFixture[str], host: str
+) -> None:
+    """Every request must name the address: "all of them" is not one a browser can name."""
+    code, _, err = cli(capsys, "ui", "--store", store.root, "--port", "0", "--host", host)
+    assert 2 == code
+    assert f"--host {host}: give the one address people will open" in err

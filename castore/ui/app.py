@@ -111,7 +111,12 @@ class _Pages:
                 request, "missing.html", 400, title="Tasks", page="tasks", message=message
             )
         start = time.perf_counter()
-        rows = TaskReader(self.store, self.settings.stuck_after).rows()
+        try:
+            rows = TaskReader(self.store, self.settings.stuck_after).rows()
+        except CastoreError as exc:  # the store itself, unreadable now (I/O, the network)
+            return self._page(
+                request, "missing.html", 503, title="Tasks", page="tasks", message=str(exc)
+            )
         shown = rows if wanted is None else [row for row in rows if row.state == wanted]
         return self._page(
             request,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import shlex
 import time
-from typing import Any
 
 from castore.chain.planread import read_plan
 from castore.chain.status import TaskStatus
@@ -204,8 +203,3 @@ def commands(task: str, status: TaskStatus, store_arg: str | None) -> tuple[Comm
             )
         )
     return tuple(found)
-
-
-def describe_status(status: TaskStatus) -> dict[str, Any]:
-    """The status fields the page's header shows."""
-    return status.to_dict()
