@@ -55,7 +55,6 @@ ADAPTER_EDGES = {
     ("castore.cli", "castore.lab"),
     ("castore.cli", "castore.langgraph"),
     ("castore.cli", "castore.ui"),
-    ("castore.ui", "castore.watch"),  # the alerts page shows what castore watch raises
     ("castore.ui", "castore.langgraph"),  # a LangGraph thread's node names and checkpoints
     ("castore.lab", "castore.aio"),
     ("castore.langgraph", "castore.lab"),

@@ -50,9 +50,10 @@ def get_times(port: int) -> tuple[float, float, int]:
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     start = time.perf_counter()
     connection.request("GET", "/")
-    answer = connection.getresponse()  # returns once the status line has come
+    answer = connection.getresponse()
+    body = answer.read(1)  # the page's first byte, not only the status line and headers
     first = time.perf_counter() - start
-    body = answer.read()
+    body += answer.read()
     last = time.perf_counter() - start
     connection.close()
     assert answer.status == 200, body[:200]

@@ -4,10 +4,11 @@ server was given, and only when resolution was allowed and the guard lets it thr
 
 from __future__ import annotations
 
+import html
 import secrets
 import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlencode
 
@@ -20,6 +21,7 @@ from starlette.responses import (
     PlainTextResponse,
     RedirectResponse,
     Response,
+    StreamingResponse,
 )
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -28,7 +30,7 @@ from castore.errors import CastoreError
 from castore.format.model import attrs
 from castore.store import Store
 from castore.ui import guard, pages, taskview
-from castore.ui.board import Board
+from castore.ui.board import Board, watch_argv
 from castore.ui.reading import STATES, TaskReader, counts, state_of
 
 # A resolve: the words after `castore --store S resolve`, and the CLI's exit status and the
@@ -64,65 +66,87 @@ class _Pages:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.store = Store.open(settings.store_path)
-        self.board = Board(settings.store_path, stuck_after=settings.stuck_after)
+        self.board = Board(watch_argv(settings.store_path, settings.stuck_after))
         self.cookie = f"castore_ui_{settings.guard.port}"  # a cookie is per host, not port
 
     # -- the token -----------------------------------------------------------------------
     def authed(self, request: Request) -> bool:
         return guard.same(request.cookies.get(self.cookie), self.settings.guard.token)
 
+    def _redirect(self, request: Request) -> RedirectResponse | None:
+        """For a URL holding the token: a redirect to it without the token that sets the
+        token's cookie (so the token leaves the address bar and the history)."""
+        given = request.query_params.get(guard.FIELD)
+        token = self.settings.guard.token
+        if given is None or not guard.same(given, token):
+            return None
+        kept = [(k, v) for k, v in request.query_params.multi_items() if k != guard.FIELD]
+        target = request.url.path + (f"?{urlencode(kept)}" if kept else "")
+        redirect = RedirectResponse(target, status_code=303)
+        redirect.set_cookie(self.cookie, token, httponly=True, samesite="strict", path="/")
+        return _secured(redirect)
+
+    def _context(self, request: Request, **context: Any) -> dict[str, Any]:
+        """What every page's template is given, `context` included."""
+        note = None
+        if request.query_params.get(guard.FIELD) is not None:
+            note = "the token in this URL is not this server's: open the URL castore ui printed"
+        authed = self.authed(request)
+        return {
+            "store_root": self.store.root,
+            "resolvable": self.settings.resolver is not None,
+            "authed": authed,
+            "form_token": self.settings.guard.token if authed else "",
+            "token_note": note,
+            "label": LABELS,
+            "nonce": secrets.token_urlsafe(12),
+            **context,
+        }
+
     def _page(
         self, request: Request, template: str, status: int = 200, **context: Any
     ) -> HTMLResponse | RedirectResponse:
-        """The page, or, for a URL holding the token, a redirect to it without the token
-        that sets the token's cookie (so the token leaves the address bar and history)."""
-        given = request.query_params.get(guard.FIELD)
-        token = self.settings.guard.token
-        note = None
-        if given is not None and guard.same(given, token):
-            kept = [(k, v) for k, v in request.query_params.multi_items() if k != guard.FIELD]
-            target = request.url.path + (f"?{urlencode(kept)}" if kept else "")
-            redirect = RedirectResponse(target, status_code=303)
-            redirect.set_cookie(self.cookie, token, httponly=True, samesite="strict", path="/")
-            return _secured(redirect)
-        if given is not None:
-            note = "the token in this URL is not this server's: open the URL castore ui printed"
-        nonce = secrets.token_urlsafe(12)
-        authed = self.authed(request)
-        html = pages.render(
-            template,
-            store_root=self.store.root,
-            resolvable=self.settings.resolver is not None,
-            authed=authed,
-            form_token=token if authed else "",
-            token_note=note,
-            label=LABELS,
-            nonce=nonce,
-            **context,
-        )
-        return _secured(HTMLResponse(html, status_code=status), nonce)
+        """The page (or the token's redirect)."""
+        redirect = self._redirect(request)
+        if redirect is not None:
+            return redirect
+        filled = self._context(request, **context)
+        page = pages.render(template, **filled)
+        return _secured(HTMLResponse(page, status_code=status), filled["nonce"])
 
     # -- the pages -------------------------------------------------------------------------
-    def tasks(self, request: Request) -> HTMLResponse | RedirectResponse:
+    def tasks(self, request: Request) -> Response:
+        """Streamed: the page's head goes out at once, then the tasks as soon as they are
+        read (5,000 HEADs take about half a second), then its end."""
         wanted = request.query_params.get("state")
         if wanted is not None and wanted not in STATES:
             message = f"no state {wanted!r}: give one of {', '.join(STATES)}"
             return self._page(
                 request, "missing.html", 400, title="Tasks", page="tasks", message=message
             )
+        redirect = self._redirect(request)
+        if redirect is not None:
+            return redirect
+        filled = self._context(request, title="Tasks", page="tasks")
+
+        def chunks() -> Iterator[str]:
+            yield pages.render("_top.html", **filled)
+            yield self._tasks_table(filled, wanted)
+            yield pages.render("_bottom.html", **filled)
+
+        response = StreamingResponse(chunks(), media_type="text/html")
+        return _secured(response, filled["nonce"])
+
+    def _tasks_table(self, filled: dict[str, Any], wanted: str | None) -> str:
         start = time.perf_counter()
         try:
             rows = TaskReader(self.store, self.settings.stuck_after).rows()
         except CastoreError as exc:  # the store itself, unreadable now (I/O, the network)
-            return self._page(
-                request, "missing.html", 503, title="Tasks", page="tasks", message=str(exc)
-            )
+            return f'<div class="error" id="problem">{html.escape(str(exc))}</div>'
         shown = rows if wanted is None else [row for row in rows if row.state == wanted]
-        return self._page(
-            request,
-            "tasks.html",
-            title="Tasks",
-            page="tasks",
+        return pages.render(
+            "_tasks.html",
+            **filled,
             rows=shown,
             counts=counts(rows),
             states=STATES,
