@@ -10,6 +10,7 @@ import re
 import socket
 import subprocess
 import sys
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ import castore
 pytest.importorskip("starlette", reason="castore ui needs the ui extra")
 pytest.importorskip("uvicorn", reason="castore ui needs the ui extra")
 
-from test_watch import make_unresolved
+from test_watch import make_unresolved, write
 from uiserver import UiServer, running
 
 PLAN = castore.Plan.build("pay", "price", castore.effect("charge", "price"), "email")
@@ -181,6 +182,31 @@ def test_every_page_forbids_framing_and_foreign_scripts(server: UiServer) -> Non
     assert "frame-ancestors 'none'" in headers["content-security-policy"]
     assert "script-src 'nonce-" in headers["content-security-policy"]
     assert "same-origin" == headers["referrer-policy"]
+
+
+def test_an_effect_submitted_too_long_is_stuck(tmp_path: Path) -> None:
+    """SUBMITTED for longer than --stuck-after: the task is stuck, as castore watch says."""
+    store = castore.Store.init(tmp_path / "store")
+    write(store, "order-8", "submit")  # the request went out, the connection dropped
+    with running(store.root, "--stuck-after", "0.001") as ui:
+        code, page = ui.get("/?state=stuck")
+    assert 200 == code
+    assert ["order-8"] == re.findall(r'<a class="mono" href="/task\?id=[^"]+">([^<]+)</a>', page)
+    assert "charge SUBMITTED" in text_of(page)
+
+
+def test_a_hostile_task_id_is_text_on_every_page(tmp_path: Path) -> None:
+    """A task id (a key, a reason: text a caller chose) never becomes markup."""
+    store = castore.Store.init(tmp_path / "store")
+    hostile = '<img src=x onerror=alert(1)>&"q"'
+    with store.start(hostile, PLAN) as run:
+        run.commit_step("price", "<script>alert(2)</script>")
+    with running(store.root) as ui:
+        pages = [ui.get("/")[1], ui.get("/task?id=" + urllib.parse.quote(hostile))[1]]
+    for page in pages:
+        assert "<img src=x" not in page
+        assert "<script>alert" not in page
+        assert hostile in text_of(page)
 
 
 # -- resolving ---------------------------------------------------------------------------------
