@@ -10,6 +10,7 @@ when chromium or chromedriver is missing, except under CI, where that fails.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -20,18 +21,20 @@ from typing import Any
 
 import pytest
 from helpers import tree_snapshot
+from test_watch import PLAN, make_unresolved
+from uiserver import UiServer, running
 
 import castore
 
-pytest.importorskip("starlette", reason="castore ui needs the ui extra")
-webdriver = pytest.importorskip("selenium.webdriver", reason="the dev extra's selenium")
-
-from selenium.webdriver.chrome.service import Service  # noqa: E402
-from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
-from test_ui import PLAN  # noqa: E402
-from test_watch import make_unresolved  # noqa: E402
-from uiserver import UiServer, running  # noqa: E402
+try:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+except ImportError as exc:  # the dev extra's
+    MISSING_SELENIUM: str | None = f"selenium is not installed ({exc})"
+else:
+    MISSING_SELENIUM = None
 
 pytestmark = pytest.mark.browser
 
@@ -41,11 +44,20 @@ WAIT_S = 20.0
 SIZE = (1100, 760)  # the screenshots' size: readable, and small as PNGs go
 
 
+def _missing() -> str | None:
+    """What keeps the browser tests from running here, or None."""
+    if CHROMIUM is None or CHROMEDRIVER is None:
+        return "chromium and chromium-driver are not installed (.ci/install-chromium.sh)"
+    if importlib.util.find_spec("starlette") is None:
+        return "castore's ui extra is not installed"
+    return MISSING_SELENIUM
+
+
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     """One headless chromium for the module's tests (starting one takes seconds)."""
-    if CHROMIUM is None or CHROMEDRIVER is None:
-        reason = "chromium and chromium-driver are not installed (.ci/install-chromium.sh)"
+    reason = _missing()
+    if reason is not None:
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
             pytest.fail(f"the browser tests must run in CI (CI is set), but {reason}")
         pytest.skip(reason)
