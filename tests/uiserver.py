@@ -24,8 +24,13 @@ PR_SET_PDEATHSIG = 1
 _URL = re.compile(r"castore ui: (http://\S+?/)(?:\?token=(\S+))? ")
 
 
+# Looked up before any fork: after one, in a process with threads, a lookup could wait on a
+# loader lock another thread held.
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+
+
 def _die_with_parent() -> None:
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 @dataclass

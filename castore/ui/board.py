@@ -10,7 +10,6 @@ lock. The process is stopped with the server, and by the kernel if the server di
 from __future__ import annotations
 
 import collections
-import contextlib
 import ctypes
 import json
 import re
@@ -27,10 +26,22 @@ _SIGTERM = 15
 _MODE = re.compile(r"^castore watch: watching .* \((.+?); rescan every ")
 
 
+def _libc_prctl() -> Any:
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux: the watch is stopped with the server only
+        return None
+
+
+# Looked up here, not in the child: a lookup after fork, in a process with threads, could wait
+# forever on a loader lock some other thread held at the fork.
+_PRCTL = _libc_prctl()
+
+
 def _die_with_parent() -> None:
     """In the child, before exec: SIGTERM when the thread that started it ends (Linux)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, _SIGTERM)
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, _SIGTERM)
 
 
 class Board:
