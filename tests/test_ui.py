@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import cli, rewrite, tree_snapshot, wait_for
+from helpers import cli, read_line, rewrite, tree_snapshot, wait_for
 from s3servers import S3Endpoint
 
 import castore
@@ -407,3 +407,22 @@ def test_ui_refuses_to_listen_on_every_address(
     code, _, err = cli(capsys, "ui", "--store", store.root, "--port", "0", "--host", host)
     assert 2 == code
     assert f"--host {host}: give the one address people will open" in err
+
+
+def test_ui_json_prints_where_it_listens(store: castore.Store) -> None:
+    """`ui --json`: one line, {"type": "ui", url, open, store, resolve}, then it serves."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "castore", "ui", "--store", store.root, "--port", "0",
+         "--allow-resolve", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        line = json.loads(read_line(proc, timeout=30))
+        assert ("ui", store.root, True) == (line["type"], line["store"], line["resolve"])
+        assert line["open"].startswith(line["url"] + "?token=")
+        server = UiServer(proc, line["url"], line["open"].partition("=")[2])
+        assert 200 == server.get(line["open"].removeprefix(line["url"]))[0]
+        assert server.authed_cookie()
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)

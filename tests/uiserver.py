@@ -72,6 +72,10 @@ class UiServer:
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read().decode()
 
+    def authed_cookie(self) -> bool:
+        """Whether this client holds the token's cookie (set by opening the printed URL)."""
+        return any(c.name.startswith("castore_ui_") and c.value == self.token for c in self.jar)
+
     def headers(self, path: str) -> dict[str, str]:
         """The headers of a GET of `path`, by their names in lower case."""
         request = urllib.request.Request(self.url + path.lstrip("/"))  # noqa: S310 - ours

@@ -11,6 +11,7 @@ from castore.cli.common import (
     DEFAULT_STORE,
     EXIT_FAILURE,
     EXIT_OK,
+    emit_json,
     open_store,
     parse_duration,
     store_path,
@@ -78,12 +79,13 @@ def cmd_ui(args: argparse.Namespace) -> int:
     url = server.url_of(sock, args.host)
 
     def started() -> None:
-        if args.allow_resolve:
-            mode = "resolve allowed with the token in this URL"
-            shown = f"{url}?token={token}"
-        else:
-            mode, shown = "read-only", url
-        print(f"castore ui: {shown} ({store.root}; {mode}); stop with Ctrl-C", flush=True)
+        opened = f"{url}?token={token}" if args.allow_resolve else url
+        if args.json:
+            fields = {"url": url, "open": opened, "store": store.root}
+            emit_json("ui", {**fields, "resolve": args.allow_resolve}, flush=True)
+            return
+        mode = "resolve allowed with the token in this URL" if args.allow_resolve else "read-only"
+        print(f"castore ui: {opened} ({store.root}; {mode}); stop with Ctrl-C", flush=True)
 
     server.serve(
         sock,
@@ -133,5 +135,10 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default=300.0,
         metavar="DURATION",
         help="an effect SUBMITTED this long is stuck, as castore watch says (default 5m)",
+    )
+    ui.add_argument(
+        "--json",
+        action="store_true",
+        help='print {"type": "ui", url, open (the URL to open, token included), store, resolve}',
     )
     ui.set_defaults(handler=cmd_ui)
