@@ -426,3 +426,41 @@ def test_ui_json_prints_where_it_listens(store: castore.Store) -> None:
     finally:
         proc.terminate()
         proc.communicate(timeout=30)
+
+
+# -- the guard, alone --------------------------------------------------------------------------
+def test_the_guard_knows_this_servers_names_only() -> None:
+    """On a loopback address the page answers to its address, localhost and ::1 at its port."""
+    from castore.ui.guard import Guard  # noqa: PLC0415 - after the ui extra's skip
+
+    checks = Guard("127.0.0.1", 8470, "t0ken")
+    for host in ("127.0.0.1:8470", "localhost:8470", "LOCALHOST:8470", "[::1]:8470"):
+        assert checks.host_problem(host) is None, host
+    for host in (None, "127.0.0.1", "127.0.0.1:8471", "evil.example:8470", "127.0.0.2:8470"):
+        assert checks.host_problem(host) is not None, host
+    assert {"ops.internal:9000"} == set(Guard("ops.internal", 9000, "t").hosts)
+
+
+@pytest.mark.parametrize(
+    ("origin", "form", "cookie", "refused"),
+    [
+        ("http://127.0.0.1:8470", "t0ken", "t0ken", None),
+        (None, "t0ken", "t0ken", None),  # a client that sends no Origin: the tokens decide
+        ("http://localhost:8470", "t0ken", "t0ken", None),
+        ("https://127.0.0.1:8470", "t0ken", "t0ken", "must come from this page"),
+        ("http://evil.example", "t0ken", "t0ken", "must come from this page"),
+        ("null", "t0ken", "t0ken", "without an origin"),
+        ("http://127.0.0.1:8470", "", "t0ken", "not opened with the token"),
+        ("http://127.0.0.1:8470", "t0ken", None, "not opened with the token"),
+        ("http://127.0.0.1:8470", "t0ken", "other", "not opened with the token"),
+    ],
+)
+def test_a_resolve_needs_this_origin_and_the_token_twice(
+    origin: str | None, form: str, cookie: str | None, refused: str | None
+) -> None:
+    from castore.ui.guard import Guard  # noqa: PLC0415
+
+    headers = {} if origin is None else {"origin": origin}
+    problem = Guard("127.0.0.1", 8470, "t0ken").resolve_problem(headers, form, cookie)
+    assert (refused is None) == (problem is None), problem
+    assert refused is None or refused in str(problem)

@@ -26,7 +26,7 @@ from starlette.responses import (
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from castore.errors import CastoreError
+from castore.errors import CastoreError, TaskNotFoundError, UsageError
 from castore.format.model import attrs
 from castore.store import Store
 from castore.ui import guard, pages, taskview
@@ -160,9 +160,13 @@ class _Pages:
         task = request.query_params.get("id", "")
         try:
             status = self.store.status(task)
-        except CastoreError as exc:
+        except (TaskNotFoundError, UsageError) as exc:  # no such task, or no such task id
             return self._page(
                 request, "missing.html", 404, title="No such task", page="tasks", message=str(exc)
+            )
+        except CastoreError as exc:  # the store, unreadable now (I/O, the network)
+            return self._page(
+                request, "missing.html", 503, title="Unreadable", page="tasks", message=str(exc)
             )
         view = taskview.read_task(
             self.store,
