@@ -368,7 +368,7 @@ def test_a_langgraph_thread_shows_its_checkpoints_and_nodes(tmp_path: Path) -> N
         code, page = ui.get(f"/task?id={task}")
     assert 200 == code
     text = text_of(page)
-    assert "Thread chat-7 , namespace" in text
+    assert "Thread chat-7 , the root graph's namespace" in text
     for checkpoint in checkpoints:
         assert checkpoint in text
     assert re.search(r"\(loop\) fetch summarize", text)  # step 1: after fetch, next summarize
