@@ -359,8 +359,8 @@ def _langgraph_thread(root: str) -> list[str]:
 
 
 def test_a_langgraph_thread_shows_its_checkpoints_and_nodes(tmp_path: Path) -> None:
-    """CastoreSaver's task: every checkpoint id, the nodes that ran and run next, and each
-    timeline entry in LangGraph's words (a node's writes), not only tree ids."""
+    """CastoreSaver's task: every checkpoint id, the nodes that wrote it and run next (as
+    `castore log --thread` reads them), each timeline entry in LangGraph's words."""
     store = castore.Store.init(tmp_path / "store")
     checkpoints = _langgraph_thread(store.root)
     [task] = store.tasks()
@@ -368,11 +368,14 @@ def test_a_langgraph_thread_shows_its_checkpoints_and_nodes(tmp_path: Path) -> N
         code, page = ui.get(f"/task?id={task}")
     assert 200 == code
     text = text_of(page)
-    assert "Thread chat-7 , the root graph's namespace" in text
+    assert "The thread 'chat-7', namespace '': 4 checkpoints" in text
     for checkpoint in checkpoints:
         assert checkpoint in text
-    assert re.search(r"\(loop\) fetch summarize", text)  # step 1: after fetch, next summarize
-    assert "writes of node summarize for checkpoint" in text
+    rows = re.findall(r"<tr><td>(\d+)</td><td class=\"mono\">([^<]+)</td>(.*?)</tr>", page)
+    by_id = {checkpoint: text_of(rest) for _, checkpoint, rest in rows}
+    # Step 1: fetch wrote it, summarize runs next (as `castore log --thread` says).
+    assert "1 (loop) fetch items summarize" == by_id[checkpoints[1]]
+    assert "writes of summarize for checkpoint" in text
 
 
 # -- the command line --------------------------------------------------------------------------
