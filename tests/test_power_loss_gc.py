@@ -147,7 +147,7 @@ def quarantine_workload(base: Path, ops: list[Op]) -> None:
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(fsck_quarantine, "_still_damaged", first_look_outdated)
-        _, moved = quarantine(store.root, findings)
+        _, moved, _ = quarantine(store.root, findings)
     assert [BAD_ID] == [f.object_id for f in moved]
     assert 2 == looks.count(ref.blob)
 

@@ -105,7 +105,7 @@ def test_an_object_stored_again_intact_after_fsck_is_not_quarantined(
     it is not moved, and the task still verifies with its result."""
     blob, path, findings = damaged_blob(store)
     store_again_intact(store, path)
-    where, moved = quarantine(store.root, findings)
+    where, moved, _ = quarantine(store.root, findings)
     assert [] == moved
     assert path.exists()
     assert VALUE == store.get_blob(blob)
@@ -131,7 +131,7 @@ def test_an_object_stored_again_between_the_look_and_the_move_is_put_back(
         real_link(src, dst, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(quarantine_module.os, "link", link)
-    where, moved = quarantine(store.root, findings)
+    where, moved, _ = quarantine(store.root, findings)
     monkeypatch.undo()
     assert ([blob], []) == (swapped, moved)
     assert VALUE == store.get_blob(blob)
@@ -142,7 +142,7 @@ def test_an_object_stored_again_between_the_look_and_the_move_is_put_back(
 def test_a_damaged_object_is_still_moved(store: castore.Store) -> None:
     """The look before and after the move does not spare what really is damaged."""
     blob, path, findings = damaged_blob(store)
-    where, moved = quarantine(store.root, findings)
+    where, moved, _ = quarantine(store.root, findings)
     assert ["hash-mismatch"] == [f.code for f in moved]
     assert not path.exists()
     assert Path(store.root, where, "objects", blob[:2], blob).is_file()

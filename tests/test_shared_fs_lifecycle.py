@@ -78,7 +78,7 @@ def test_quarantine_through_a_client_spares_an_object_stored_again(
     store = castore.Store.init(mount_a / "store")
     blob, path, findings = damaged_blob(store)
     store_again_intact(store, path)
-    _, moved = quarantine(store.root, findings)
+    _, moved, _ = quarantine(store.root, findings)
     assert [] == moved
     assert VALUE == castore.Store.open(export / "store").get_blob(blob)
     assert Path(export / "store" / "objects" / blob[:2] / blob).exists()

@@ -58,14 +58,22 @@ def cmd_fsck(args: argparse.Namespace) -> int:
         else:
             print(finding_line(finding))
     if args.quarantine:
-        where, moved = quarantine(Store.open(store_path(args)).medium, findings)
+        where, moved, copied = quarantine(Store.open(store_path(args)).medium, findings)
         note = (
             f"quarantined {len(moved)} damaged object(s) in {where}"
             if moved
             else "nothing to quarantine"
         )
+        if copied:
+            note += (
+                f"; {len(copied)} copied there and left in place: this endpoint ignores "
+                "If-Match on DELETE, so no request can remove only the damaged bytes "
+                "(delete them by hand once no worker runs: docs/howto/fsck-gc.md)"
+            )
         if args.json:
-            emit_json("quarantine", {"quarantine": where, "moved": len(moved)})
+            emit_json(
+                "quarantine", {"quarantine": where, "moved": len(moved), "copied": len(copied)}
+            )
         else:
             print(note)
     totals = summary.to_json()

@@ -11,7 +11,12 @@ trust a version number; it asks the endpoint, under the store's prefix:
   server, whose check and store are two steps, had 2 winners in 11 of 2,000 rounds: a race
   inside a server can be rare, so the default is 1,000 rounds, about 2 minutes);
 - read-after-write and list-after-write: what one request wrote, the next reads and lists;
-- delete-visible: a removed key is gone for the next request (info: gc and forget).
+- delete-visible: a removed key is gone for the next request (info: gc and forget);
+- conditional-delete: a DELETE with a wrong If-Match ETag is refused, with the right one
+  obeyed (info: where it is not, fsck --quarantine copies a damaged key aside and leaves it,
+  since no request could remove only the damaged bytes; Ceph RGW 16.2 ignores it);
+- conditional-put: a PUT with the right If-Match ETag replaces the key (info: castore never
+  replaces a key it relies on, so nothing rests on it; RGW 16.2 answers 412).
 
 The verdict is recorded in the store (`castore-medium.json`), which `Store.open` reads: a store
 whose endpoint failed a required check is refused.
@@ -19,6 +24,7 @@ whose endpoint failed a required check is refused.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import secrets
 import threading
@@ -27,8 +33,9 @@ from typing import Any
 
 from castore.doctor.report import Check, DoctorReport, Verdict
 from castore.errors import UsageError
-from castore.medium.s3 import S3Medium, record_verdict
-from castore.medium.s3client import Exists, Missing
+from castore.medium.s3 import S3Medium
+from castore.medium.s3client import Exists, Missing, Unanswered
+from castore.medium.s3verdict import probe_conditional_delete, record_verdict
 
 ROUNDS = 1000
 CLIENTS = 8
@@ -48,6 +55,8 @@ def run_s3_doctor(url: str, *, rounds: int = ROUNDS, **options: Any) -> DoctorRe
         ("read-after-write", True, _read_after_write),
         ("list-after-write", True, _list_after_write),
         ("delete-visible", False, _delete_visible),
+        ("conditional-delete", False, _conditional_delete),
+        ("conditional-put", False, _conditional_put),
     ]
     found = []
     try:
@@ -61,7 +70,14 @@ def run_s3_doctor(url: str, *, rounds: int = ROUNDS, **options: Any) -> DoctorRe
         _clean(medium, run)
     report = DoctorReport(url, None, found)
     facts = {c.name: c.verdict for c in found}
-    record_verdict(medium, report.safe, "castore doctor", checks=facts, rounds=rounds)
+    record_verdict(
+        medium,
+        report.safe,
+        "castore doctor",
+        checks=facts,
+        rounds=rounds,
+        delete_if_match=facts.get("conditional-delete") == "ok",
+    )
     return report
 
 
@@ -142,8 +158,35 @@ def _delete_visible(medium: S3Medium, key: str) -> tuple[Verdict, str]:
     return "warn", "a removed key is still found right after"
 
 
+def _conditional_delete(medium: S3Medium, key: str) -> tuple[Verdict, str]:
+    del key  # the probe names its own key (castore.medium.s3)
+    if probe_conditional_delete(medium):
+        return "ok", "a DELETE with a wrong If-Match ETag is refused: quarantine removes"
+    return "warn", (
+        "a DELETE with a wrong If-Match ETag is not refused: fsck --quarantine will copy "
+        "damaged keys aside and leave them in place"
+    )
+
+
+def _conditional_put(medium: S3Medium, key: str) -> tuple[Verdict, str]:
+    put = medium.client.call(medium.where(key), "put_object", Key=medium.s3_key(key), Body=b"1")
+    try:
+        medium.client.call(
+            medium.where(key),
+            "put_object",
+            Key=medium.s3_key(key),
+            Body=b"2",
+            IfMatch=str(put.get("ETag", "")),
+        )
+    except Exists:
+        return "warn", "a PUT with the right If-Match ETag is refused (nothing relies on it)"
+    return "ok", "a PUT with the right If-Match ETag replaces the key"
+
+
 def _clean(medium: S3Medium, run: str) -> None:
     prefix = medium.s3_key(run) + "/"
     for page in medium.client.pages(medium.where(run), Prefix=prefix):
         for item in page.get("Contents", ()):
-            medium.client.call(medium.where(run), "delete_object", Key=item["Key"])
+            # A scratch key of this run alone: an unanswered DELETE leaves at most a leftover.
+            with contextlib.suppress(Unanswered):
+                medium.client.call(medium.where(run), "delete_object", Key=item["Key"])

@@ -15,7 +15,9 @@
     │       └── ObjectTooLargeError              over the size limit of any one object
     ├── StoreError                               the store directory itself
     │   ├── StoreNotFoundError (FileNotFoundError)
+    │   │   └── BucketNotFoundError              an s3:// store's bucket is not at the endpoint
     │   ├── StoreExistsError (FileExistsError)
+    │   ├── ReadOnlyStoreError                   a write asked of a store opened for reading
     │   ├── FormatVersionError                   written by a format this reader does not know
     │   ├── UnsafeEndpointError                  an S3 endpoint that let a second exclusive
     │   │                                        create succeed, or was never checked
@@ -62,6 +64,7 @@ May import: nothing of castore (every layer imports it).
 """
 
 from castore.errors.storage import (
+    BucketNotFoundError,
     CommitUncertainError,
     DurabilityError,
     FormatVersionError,
@@ -69,6 +72,7 @@ from castore.errors.storage import (
     ObjectCorruptError,
     ObjectMissingError,
     OversizedFileError,
+    ReadOnlyStoreError,
     StoreError,
     StoreExistsError,
     StoreIOError,
@@ -116,6 +120,7 @@ from castore.errors.usage import (
 )
 
 __all__ = [
+    "BucketNotFoundError",
     "CastoreError",
     "ChainError",
     "CommitUncertainError",
@@ -143,6 +148,7 @@ __all__ = [
     "PayloadError",
     "PlanDriftError",
     "PlanTooLongError",
+    "ReadOnlyStoreError",
     "ReplayDriftError",
     "ResumeRefusedError",
     "SecretInPayloadError",

@@ -28,6 +28,33 @@ class StoreNotFoundError(StoreError, FileNotFoundError):
         )
 
 
+class BucketNotFoundError(StoreNotFoundError):
+    """The S3 bucket an s3:// store names does not exist at the endpoint asked."""
+
+    def __init__(self, url: str, bucket: str, endpoint: str) -> None:
+        self.bucket = bucket
+        self.endpoint = endpoint
+        super().__init__(
+            url,
+            f"the bucket {bucket!r} does not exist at {endpoint}",
+            "create the bucket, or check its name and the endpoint (--endpoint-url, "
+            "$AWS_ENDPOINT_URL_S3; docs/howto/object-storage.md)",
+        )
+
+
+class ReadOnlyStoreError(StoreError):
+    """A write was asked of a store opened for reading (a reader never writes)."""
+
+    def __init__(self, url: str, operation: str, key: str) -> None:
+        self.path = url
+        self.operation = operation
+        self.key = key
+        super().__init__(
+            f"{operation} {key!r} refused: the store {url} was opened read-only, and a reader "
+            "never writes; open it with Store.open(...) (not read_only=True) to work on a task"
+        )
+
+
 class StoreExistsError(StoreError, FileExistsError):
     """`init` was asked to create a store where something already is."""
 

@@ -240,6 +240,10 @@ def _collect_batch(
     """Set a batch of unnamed old objects aside, read the new slots, put back what they
     name (or what became young), remove the rest; the directories changed."""
     aside = _set_aside(medium, batch, cutoff)
+    # A removal sent without an answer (S3) may land later: were it to land after the read
+    # of new slots, it could take away an object a writer stored again and committed since,
+    # with nobody left to put it back. So it is waited out first (docs/FORMAT.md §19.4).
+    medium.settle()
     crashpoints.reach("gc.set_aside")
     # A tree or pack set aside is read under its set-aside key: what a new slot reaches
     # through it is put back with it.

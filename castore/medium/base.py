@@ -28,6 +28,7 @@ from __future__ import annotations
 import abc
 import contextlib
 from collections.abc import Callable, Iterator
+from typing import Literal
 
 from castore.format.limits import MAX_OBJECT_SIZE
 from castore.format.model import attrs
@@ -53,6 +54,9 @@ class Entry:
 
 # fsck's question before it sets a damaged file aside: is it (still) damaged?
 Judge = Callable[[bytes | None, Entry], bool]
+# What `set_aside` did: moved the file; copied it aside and left it (no request could remove
+# only what was judged); kept it (gone, or intact again, since it was judged).
+SetAside = Literal["moved", "copied", "kept"]
 
 
 class Medium(abc.ABC):
@@ -78,6 +82,16 @@ class Medium(abc.ABC):
     file_events: bool = True
     #: names at the top of a store that the medium keeps for itself (not the format's)
     private_names: frozenset[str] = frozenset()
+    #: every write raises ReadOnlyStoreError (castore.medium.readonly: a reader's view)
+    read_only: bool = False
+
+    @property
+    @abc.abstractmethod
+    def identity(self) -> str:
+        """What the store is, as the medium itself knows it (a directory's device and inode;
+        an endpoint, bucket and prefix): two Store objects of one store have one identity
+        however they were opened, from any working directory. Every promise kept in this
+        process by a key (the in-flight registry) is keyed by it, never by a path string."""
 
     # -- reading ---------------------------------------------------------------------------
     @abc.abstractmethod
@@ -166,17 +180,19 @@ class Medium(abc.ABC):
         return False
 
     @abc.abstractmethod
-    def set_aside(self, key: str, target: str, still_bad: Judge) -> bool:
+    def set_aside(self, key: str, target: str, still_bad: Judge) -> SetAside:
         """Move what `key` names (a file; a symlink or a directory as itself, never followed)
         to the new name `target`, creating the directories `target` needs, never writing
         through a symlink on either way (UnsafeFileError). Nothing is ever lost: the new
         name is durable before the old one goes, and `still_bad(bytes, entry)` (bytes None:
         not a regular file) is asked of `key` right before the move and once more of what
         `target` holds before `key` goes; when it says False (a writer stored the file
-        again, intact), the new name is taken away and `key` stays. True if `key` moved.
-        POSIX: a hard link, made durable, then the old name unlinked (a directory: renamed).
-        S3: a copy, then a delete of the original; never atomic (a crash between them
-        leaves both keys, the copy under `target`)."""
+        again, intact), the new name is taken away and `key` stays ("kept"). "moved" if
+        `key` moved. POSIX: a hard link, made durable, then the old name unlinked (a
+        directory: renamed). S3: a copy, then a DELETE of the original carrying the judged
+        ETag (If-Match), where the endpoint honours it; where not, "copied": the copy is made
+        and `key` left, since no request could remove only the judged bytes. Never atomic on
+        S3 (a crash between them leaves both keys, the copy under `target`)."""
 
     # -- writing ---------------------------------------------------------------------------
     @abc.abstractmethod
@@ -210,7 +226,22 @@ class Medium(abc.ABC):
 
     @abc.abstractmethod
     def remove(self, key: str) -> None:
-        """Take the name `key` away (a missing one is fine)."""
+        """Take the name `key` away (a missing one is fine). Where a request can go
+        unanswered (S3), the removal may still take effect later, until `settle` returns."""
+
+    def heal(self, key: str, data: bytes) -> bool:
+        """Put `data`, verified to be the very bytes the object key `key` names (its hash),
+        in place of damaged ones stored there; True if done. Only a content-addressed key
+        is ever healed: no state anyone relies on holds other bytes under it, so the write
+        can only replace damage with the one content the name may hold, and a late or
+        repeated one lands the same bytes. POSIX: False (fsck --quarantine moves the file
+        aside, and the next put stores it anew)."""
+        del key, data
+        return False
+
+    def settle(self) -> None:  # noqa: B027 - a medium whose removals are answered: nothing
+        """Return once no removal this medium sent can still take effect: a remover that
+        checks what writers did after its removals (gc's read of new slots) calls it first."""
 
     def retire(self, key: str) -> None:
         """Take away what `key` holds, for good, once nothing needs it (a pruned slot). Where

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import stat
 import threading
@@ -20,7 +21,7 @@ from castore.errors import DurabilityError, StoreIOError
 from castore.format.layout import TMP_PREFIX
 from castore.format.limits import MAX_OBJECT_SIZE
 from castore.medium import fsio, fsread, groupflush, oserrors, posixinit, setaside, tasklock
-from castore.medium.base import Entry, Judge, Medium
+from castore.medium.base import Entry, Judge, Medium, SetAside
 from castore.medium.mountinfo import names_are_coherent
 from castore.medium.posixbatch import OBJECT_KEYS, Batch, name_unsure
 from castore.medium.tasklock import TaskLock
@@ -46,6 +47,14 @@ class PosixMedium(Medium):
         self._flush: groupflush.GroupFlush | None = None
         self._coherent: bool | None = None
         self._batches = threading.local()  # the open batch of each thread (batch())
+
+    @functools.cached_property
+    def identity(self) -> str:
+        """The store directory's device and inode: one directory reached by two paths (a
+        symlink, a relative path from another working directory) is one store."""
+        with oserrors.translated(self.root, "looking up the store directory"):
+            found = os.stat(self.root)
+        return f"posix:{found.st_dev}:{found.st_ino}"
 
     def path(self, key: str) -> str:
         """The filesystem path of `key` (for messages, and for the POSIX-only tools)."""
@@ -180,8 +189,8 @@ class PosixMedium(Medium):
     def lock_held(self, key: str) -> bool:
         return tasklock.held(self.path(key))
 
-    def set_aside(self, key: str, target: str, still_bad: Judge) -> bool:
-        return setaside.set_aside(self.root, key, target, still_bad)
+    def set_aside(self, key: str, target: str, still_bad: Judge) -> SetAside:
+        return "moved" if setaside.set_aside(self.root, key, target, still_bad) else "kept"
 
     # -- writing ---------------------------------------------------------------------------
     def create(

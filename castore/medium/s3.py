@@ -12,13 +12,15 @@ temp files (a PUT is whole or absent), no modes, inodes or link counts.
 An endpoint that ignores `If-None-Match` would let two writers both commit: a store records
 that its endpoint refused a second exclusive create (`castore-medium.json`, written by init
 or `castore doctor`), and `Store.open` refuses one whose record is missing or says otherwise.
+The record also says whether a `DELETE` with a wrong `If-Match` ETag was refused: only then
+does fsck's quarantine remove a damaged key (with the ETag it judged); else it copies the key
+aside and leaves it (docs/FORMAT.md §19.4).
 """
 
 from __future__ import annotations
 
 import json
 import re
-import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -36,16 +38,25 @@ from castore.errors import (
 from castore.format.digest import Hasher
 from castore.format.layout import MARKER_KEY, OBJECTS_DIR, TASKS_DIR
 from castore.format.limits import MAX_OBJECT_SIZE
-from castore.medium.base import Entry, Judge, Medium
-from castore.medium.s3client import Client, Exists, Missing
+from castore.medium import s3aside
+from castore.medium.base import Entry, Judge, Medium, SetAside
+from castore.medium.s3client import Client, Exists, Missing, Unanswered
+from castore.medium.s3verdict import (
+    PROBE_KEY,
+    VERDICT_KEY,
+    probe_conditional_delete,
+    probe_exclusive_create,
+    record_verdict,
+    require_safe,
+)
 from castore.medium.tasklock import TaskLock
 
-VERDICT_KEY = "castore-medium.json"
+__all__ = ["VERDICT_KEY", "S3Medium"]
+
 _CHUNK = 1 << 20
 # The keys that name "directories" of the format (a key prefix on S3): everything else is a
 # file's key, looked up with one HEAD.
 _DIRECTORY = re.compile(r"(objects|tasks)(/[0-9a-f]{2})?|tasks/[^/]+(/(chain|marks))?|")
-_PROBE_KEY = ".castore-probe"
 
 
 class S3Medium(Medium):
@@ -56,7 +67,7 @@ class S3Medium(Medium):
     aliases = False
     directories = False
     file_events = False
-    private_names = frozenset({VERDICT_KEY, _PROBE_KEY})
+    private_names = frozenset({VERDICT_KEY, PROBE_KEY})
     seal_every = 64  # a resume GETs each slot above the mark: at most 64 round trips
 
     def __init__(self, client: Client, prefix: str) -> None:
@@ -64,6 +75,28 @@ class S3Medium(Medium):
         self.prefix = prefix.strip("/")
         self.url = f"s3://{client.bucket}/{self.prefix}" if self.prefix else f"s3://{client.bucket}"
         self._head = f"{self.prefix}/" if self.prefix else ""
+        self._verdict: dict[str, Any] | None = None  # the endpoint's record, once read
+
+    @property
+    def identity(self) -> str:
+        """The endpoint, bucket and prefix as the client resolved them: never the URL string
+        alone (one bucket name on two endpoints is two stores)."""
+        return f"s3:{self.client.identity}/{self.prefix}"
+
+    @property
+    def conditional_delete(self) -> bool:
+        """True if the endpoint was seen to refuse a DELETE whose If-Match ETag is wrong."""
+        return self.verdict().get("delete_if_match") is True
+
+    def verdict(self) -> dict[str, Any]:
+        """The endpoint's record (`castore-medium.json`), read once; {} if there is none."""
+        if self._verdict is None:
+            try:
+                found = json.loads(self.read(VERDICT_KEY, limit=4096))
+            except (FileNotFoundError, ValueError):
+                found = {}
+            self._verdict = found if isinstance(found, dict) else {}
+        return self._verdict
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> S3Medium:
@@ -105,8 +138,7 @@ class S3Medium(Medium):
         except OverflowError as exc:
             raise OversizedFileError(where, int(str(exc)), limit) from None
         modified = response.get("LastModified")
-        mtime = modified.timestamp() if modified is not None else 0.0
-        return data, Entry(key.rsplit("/", 1)[-1], "regular file", len(data), mtime)
+        return data, Entry(key.rsplit("/", 1)[-1], "regular file", len(data), _seconds(modified))
 
     def read_fresh(self, key: str, *, limit: int = MAX_OBJECT_SIZE) -> bytes:
         return self.read(key, limit=limit)  # S3 reads are strongly consistent: no cache
@@ -273,41 +305,22 @@ class S3Medium(Medium):
         del key  # a PUT is durable when it is answered
 
     def remove(self, key: str) -> None:
-        self.client.call(self.where(key), "delete_object", Key=self.s3_key(key))
+        """One DELETE, never retried. Without an answer it may have removed the key, or may
+        still (within s3client.LATE_BOUND_S): the callers handle both, as they handle a key
+        removed or not, and `settle` waits until it can no longer land."""
+        try:
+            self.client.call(self.where(key), "delete_object", Key=self.s3_key(key))
+        except Unanswered:
+            return  # remembered by the client: `settle` waits it out
+
+    def settle(self) -> None:
+        self.client.settle()
 
     def retire(self, key: str) -> None:
         del key  # the name and its bytes stay, so no writer can create it again
 
-    def set_aside(self, key: str, target: str, still_bad: Judge) -> bool:
-        """A copy, then a delete of the original (S3 has no move): judged before the copy
-        and again, as the copy, before the delete. Not atomic: a crash between the two
-        leaves both keys. No writer can replace the key in between: every create is
-        exclusive (If-None-Match), so while the damaged key exists nobody stores it again."""
-        try:
-            data, entry = self.read_entry(key)
-        except FileNotFoundError:
-            return False
-        if not still_bad(data, entry):
-            return False
-        try:
-            self.client.call(
-                self.where(target),
-                "copy_object",
-                Key=self.s3_key(target),
-                CopySource={"Bucket": self.client.bucket, "Key": self.s3_key(key)},
-            )
-        except Missing:
-            return False  # gone since it was judged: nothing to move
-        crashpoints.reach("quarantine.moved")
-        try:
-            copied = self.read_entry(target)
-        except FileNotFoundError:
-            return False  # removed by someone else meanwhile; the original is kept
-        if not still_bad(*copied):
-            self.remove(target)  # stored again, intact, since it was judged: it stays
-            return False
-        self.remove(key)
-        return True
+    def set_aside(self, key: str, target: str, still_bad: Judge) -> SetAside:
+        return s3aside.set_aside(self, key, target, still_bad)
 
     def make_dir(self, key: str) -> bool:
         del key
@@ -332,6 +345,13 @@ class S3Medium(Medium):
             return False
         return True
 
+    def heal(self, key: str, data: bytes) -> bool:
+        """An unconditional PUT of the verified bytes over damaged ones (Medium.heal): where
+        the endpoint ignores If-Match on DELETE, fsck copies a damaged key aside and leaves
+        it, and without this no writer could store that content again."""
+        self.client.call(self.where(key), "put_object", Key=self.s3_key(key), Body=data)
+        return True
+
     def replace(self, key: str, data: bytes) -> None:
         self.client.call(self.where(key), "put_object", Key=self.s3_key(key), Body=data)
 
@@ -347,14 +367,16 @@ class S3Medium(Medium):
         """Check the endpoint refuses a second exclusive create (and record it), then the
         marker, exclusively: an endpoint that ignores If-None-Match never gets a store."""
         exclusive = probe_exclusive_create(self)
-        record_verdict(self, exclusive, "castore init")
+        record_verdict(
+            self, exclusive, "castore init", delete_if_match=probe_conditional_delete(self)
+        )
         if not exclusive:
             raise UnsafeEndpointError(self.url, self.where(VERDICT_KEY))
         self._create(MARKER_KEY, marker)
 
     def interrupted_init(self, *, but_marker: bool = False) -> str | None:
         for entry in self.scan(""):
-            if entry.name in (VERDICT_KEY, _PROBE_KEY) or (but_marker and entry.name == MARKER_KEY):
+            if entry.name in (VERDICT_KEY, PROBE_KEY) or (but_marker and entry.name == MARKER_KEY):
                 continue
             if entry.name == MARKER_KEY:
                 return f"it has a {MARKER_KEY}"
@@ -374,51 +396,5 @@ class S3Medium(Medium):
         return objects, len(self.names(TASKS_DIR))
 
 
-# -- the endpoint's verdict ----------------------------------------------------------------------
-def _depth_first(relative: str) -> tuple[int, str]:
-    """Parents before children: "" (the walk's own key) first, then by depth."""
-    return (relative.count("/") + 1 if relative else 0, relative)
-
-
-def probe_exclusive_create(medium: S3Medium) -> bool:
-    """One key created twice with If-None-Match: True if the second was refused (412)."""
-    key = f"{_PROBE_KEY}/{socket.gethostname()}-{time.time_ns()}"
-    where = medium.where(key)
-    try:
-        medium.client.call(where, "put_object", Key=medium.s3_key(key), Body=b"1", IfNoneMatch="*")
-        try:
-            medium.client.call(
-                where, "put_object", Key=medium.s3_key(key), Body=b"2", IfNoneMatch="*"
-            )
-        except Exists:
-            return True
-        return False
-    finally:
-        medium.client.call(where, "delete_object", Key=medium.s3_key(key))
-
-
-def record_verdict(medium: S3Medium, exclusive: bool, by: str, **facts: Any) -> None:
-    """Write what was found of the endpoint into the store (`castore-medium.json`)."""
-    verdict = {"exclusive_create": exclusive, "by": by, "time": int(time.time()), **facts}
-    body = json.dumps(verdict, sort_keys=True).encode() + b"\n"
-    medium.client.call(
-        medium.where(VERDICT_KEY), "put_object", Key=medium.s3_key(VERDICT_KEY), Body=body
-    )
-
-
-def require_safe(medium: S3Medium) -> None:
-    """UnsafeEndpointError unless the store's record says its endpoint refused a second
-    exclusive create (no record: refused too, the doctor makes one)."""
-    record = medium.where(VERDICT_KEY)
-    try:
-        data = medium.read(VERDICT_KEY, limit=4096)
-    except FileNotFoundError:
-        # Every store init makes records it: one gone was removed. Opening must not write
-        # (a reader may hold read-only keys), so the doctor, asked for, makes a new one.
-        raise UnsafeEndpointError(medium.url, record, unchecked=True) from None
-    try:
-        exclusive = json.loads(data).get("exclusive_create") is True
-    except (ValueError, AttributeError):
-        exclusive = False
-    if not exclusive:
-        raise UnsafeEndpointError(medium.url, record)
+def _seconds(modified: Any) -> float:
+    return float(modified.timestamp()) if modified is not None else 0.0

@@ -4,11 +4,16 @@ every failure said in castore's words.
 
 Which failures are retried, and why that never duplicates or loses a commit: a timeout, a
 reset connection, a 5xx and throttling (503 SlowDown, 429) say nothing about whether the
-request took effect. Every request castore makes is safe to repeat: reads and deletes are
-idempotent, an unconditional PUT writes the same bytes again (objects are named by their
-hash), and an exclusive create (`If-None-Match: *`) repeated after its first attempt
-committed answers 412, which the caller resolves by reading the key back (its own bytes:
-committed; other bytes: it lost). botocore's own retries are off: these are the only ones.
+request took effect, and a retried request is a second request. So a request is retried only
+where a second one is harmless in castore's protocol (docs/FORMAT.md §19.4): reads; an
+exclusive create (`If-None-Match: *`), whose repeat after its first attempt committed answers
+412, which the caller resolves by reading the key back (its own bytes: committed; other
+bytes: it lost); an unconditional PUT or a copy of a key whose every writer writes the same
+bytes (an object, the endpoint's record); and a DELETE that carries `If-Match`. A plain
+DELETE is never retried: between a lost answer and its repeat a writer may have stored the
+key again, and the repeat would remove that. Its failure is remembered (`unanswered`) and
+`settle` waits until it can no longer land. botocore's own retries are off: these are the
+only ones.
 """
 
 from __future__ import annotations
@@ -25,11 +30,15 @@ import boto3
 import botocore.config
 import botocore.exceptions
 
-from castore.errors import StoreIOError
+from castore.errors import BucketNotFoundError, StoreIOError
 
 T = TypeVar("T")
 
 ATTEMPTS = 8  # a request that failed this many times in a row is reported
+# How long after it was sent a request that got no answer may still take effect at the
+# endpoint (a request delayed in a proxy or a server's queue): past it, it never will. An
+# assumption, as the clock-skew bound is (docs/FORMAT.md §19.4): three read timeouts.
+LATE_BOUND_S = 60.0
 _BACKOFF_FIRST_S, _BACKOFF_MAX_S = 0.05, 2.0
 _RETRIED_CODES = {
     "SlowDown",
@@ -48,7 +57,12 @@ _CONNECTION_ERRORS = (
 
 
 class Missing(Exception):
-    """The key (or the bucket) is not there: 404."""
+    """The key is not there: 404."""
+
+
+class Unanswered(Exception):
+    """A request that is not retried (a plain DELETE) got no answer: it may have taken
+    effect, or may still (within LATE_BOUND_S)."""
 
 
 class Exists(Exception):
@@ -112,35 +126,70 @@ class Client:
             environment=tuple(os.environ.get(name) for name in _ENVIRONMENT),
         )
         self.requests = 0  # every request sent, retries included: the benchmark's count
+        self.unanswered: float | None = None  # when the last unanswered DELETE was sent
+
+    @property
+    def endpoint(self) -> str:
+        """The endpoint requests go to, as boto3 chose it (an option, the environment, the
+        AWS config files, or AWS's own for the region)."""
+        return str(self._s3.meta.endpoint_url).rstrip("/")
+
+    @property
+    def identity(self) -> str:
+        """The endpoint and bucket as the client resolved them: two URLs naming one bucket
+        of one endpoint have one identity, and one bucket name on two endpoints two."""
+        return f"{self.endpoint}/{self.bucket}"
 
     def call(self, where: str, operation: str, **params: Any) -> Any:
-        """`operation` (a client method name) with `params`, retried while retrying is safe
-        (module docstring). Missing on 404, Exists on 412, StoreIOError naming `where` on
-        anything else, or once ATTEMPTS tries failed."""
+        """`operation` (a client method name) with `params`, retried where a second request
+        is harmless (module docstring). Missing on 404 (BucketNotFoundError for the bucket), Exists
+        on 412, Unanswered for a plain DELETE without an answer, StoreIOError naming `where`
+        on anything else, or once ATTEMPTS tries failed."""
         method: Callable[..., Any] = getattr(self._s3, operation)
-        return self._retrying(where, operation, lambda: method(Bucket=self.bucket, **params))
+        attempts = 1 if operation == "delete_object" and "IfMatch" not in params else ATTEMPTS
+        return self._retrying(
+            where, operation, lambda: method(Bucket=self.bucket, **params), attempts
+        )
 
-    def _retrying(self, where: str, operation: str, request: Callable[[], T]) -> T:
+    def settle(self) -> None:
+        """Return once no unanswered DELETE of this client can still take effect."""
+        if self.unanswered is not None:
+            time.sleep(max(0.0, self.unanswered + LATE_BOUND_S - time.monotonic()))
+            self.unanswered = None
+
+    def _retrying(self, where: str, operation: str, request: Callable[[], T], attempts: int) -> T:
         pause = _BACKOFF_FIRST_S
-        for attempt in range(1, ATTEMPTS + 1):
+        for attempt in range(1, attempts + 1):
             self.requests += 1
             try:
                 return request()
             except botocore.exceptions.ClientError as exc:
                 status = status_of(exc)
-                if status == 404 or code_of(exc) in ("NoSuchKey", "NotFound", "NoSuchBucket"):
+                if code_of(exc) == "NoSuchBucket":
+                    url = where.split("/", 3)
+                    store = "/".join(url[:3]) if len(url) >= 3 else where
+                    raise BucketNotFoundError(store, self.bucket, self.endpoint) from exc
+                if status == 404 or code_of(exc) in ("NoSuchKey", "NotFound"):
                     raise Missing(where) from exc
                 if status == 412 or code_of(exc) == "PreconditionFailed":
                     raise Exists(where, after_retry=attempt > 1) from exc
-                if not _retried(exc) or attempt == ATTEMPTS:
+                if not _retried(exc):
                     raise _io_error(where, operation, exc) from exc
+                if attempt == attempts:
+                    raise self._gave_up(where, operation, exc, attempts) from exc
             except _CONNECTION_ERRORS as exc:
-                if attempt == ATTEMPTS:
-                    raise _io_error(where, operation, exc) from exc
+                if attempt == attempts:
+                    raise self._gave_up(where, operation, exc, attempts) from exc
             # Full jitter: clients that failed together do not retry together.
             time.sleep(random.uniform(0, pause))  # noqa: S311 - backoff jitter, not a secret
             pause = min(pause * 2, _BACKOFF_MAX_S)
         raise AssertionError("not reached")
+
+    def _gave_up(self, where: str, operation: str, exc: BaseException, attempts: int) -> Exception:
+        if attempts == 1 and operation == "delete_object":
+            self.unanswered = time.monotonic()
+            return Unanswered(where)
+        return _io_error(where, operation, exc)
 
     def body(self, response: Any, where: str, limit: int) -> bytes:
         """The bytes of a GetObject answer, at most `limit` (OverflowError past it)."""

@@ -1,4 +1,5 @@
-"""`fsck --quarantine`: move damaged objects aside, with a manifest. Never deletes anything.
+"""`fsck --quarantine`: move damaged objects aside, with a manifest. Never deletes anything
+but the damaged bytes it judged (on S3, only by a DELETE that carries their ETag).
 
 Each file is moved by the medium's `set_aside` (docs/FORMAT.md §19.1), which never writes
 through a symlink (a `quarantine/`, any directory below it, or a fan-out directory planted
@@ -44,9 +45,11 @@ DAMAGE = frozenset(
 
 def quarantine(
     store: str | os.PathLike[str] | Medium, findings: Iterable[Finding]
-) -> tuple[str, list[Finding]]:
+) -> tuple[str, list[Finding], list[Finding]]:
     """Move every damaged object file of the store (its directory, or its medium) under
-    quarantine/<time>-<pid>/; return (dir, moved).
+    quarantine/<time>-<pid>/; return (dir, moved, copied): copied ones were copied there and
+    left in place, where no request could remove only the damaged bytes (S3 without a
+    conditional DELETE, docs/FORMAT.md §19.4).
 
     UnsafeFileError if `quarantine/` or a directory castore would write in is not a directory
     itself; StoreIOError for any other failure (the message says what was moved by then)."""
@@ -57,17 +60,24 @@ def quarantine(
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     relbase = f"{QUARANTINE_DIR}/{stamp}-{os.getpid()}-{secrets.token_hex(3)}"  # never shared
     if not chosen:
-        return relbase, []
+        return relbase, [], []
     moved: list[Finding] = []
+    copied: list[Finding] = []
     try:
         medium.require_dir(QUARANTINE_DIR)  # a symlink planted there is never written through
         medium.make_dir(QUARANTINE_DIR)
         if not medium.make_dir(relbase) and medium.directories:
             raise FileExistsError(errno.EEXIST, "the run directory exists", relbase)
         for relpath, finding in sorted(chosen.items()):
-            if medium.set_aside(relpath, f"{relbase}/{relpath}", _still_damaged(finding)):
+            result = medium.set_aside(relpath, f"{relbase}/{relpath}", _still_damaged(finding))
+            if result == "moved":
                 moved.append(finding)
-        manifest = [{**f.to_json(), "moved_to": f"{relbase}/{f.path}"} for f in moved]
+            elif result == "copied":
+                copied.append(finding)
+        manifest = [{**f.to_json(), "moved_to": f"{relbase}/{f.path}"} for f in moved] + [
+            {**f.to_json(), "copied_to": f"{relbase}/{f.path}", "left_in_place": True}
+            for f in copied
+        ]
         medium.create(f"{relbase}/manifest.json", codec.encode_value(manifest) + b"\n", mode=0o644)
     except CastoreError:
         raise
@@ -75,7 +85,7 @@ def quarantine(
         where = medium.where(str(exc.filename)) if exc.filename else medium.url
         done = f"{len(moved)} file(s) were moved to {relbase} before it" if moved else ""
         raise StoreIOError(where, "quarantining", exc, done) from exc
-    return relbase, moved
+    return relbase, moved, copied
 
 
 def _still_damaged(finding: Finding) -> Judge:
