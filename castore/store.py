@@ -42,6 +42,7 @@ from castore.format.records import Plan
 from castore.medium import oserrors
 from castore.medium.base import Medium
 from castore.medium.posix import PosixMedium
+from castore.medium.readonly import ReadOnlyMedium
 from castore.medium.select import open_medium
 from castore.medium.tasklock import TaskLock
 from castore.run import brief, budget, forget, fork, gate, resolution
@@ -73,9 +74,12 @@ class Store(Reading):
         *,
         snapshot_budget: int = DEFAULT_SNAPSHOT_BUDGET,
         clock: Clock = wall_clock_ms,
+        read_only: bool = False,
         **medium_options: Any,
     ) -> None:
-        self.medium = open_medium(root, **medium_options)
+        medium = open_medium(root, **medium_options)
+        # A reader's store: every write raises (castore.medium.readonly, FORMAT.md §12).
+        self.medium = ReadOnlyMedium(medium) if read_only and not medium.read_only else medium
         self.root = self.medium.url
         # The path arithmetic of a store in a directory (POSIX tools: fsck, gc, watch).
         self.layout = Layout(self.root) if isinstance(self.medium, PosixMedium) else None
@@ -120,7 +124,11 @@ class Store(Reading):
     @classmethod
     def open(cls, root: str | os.PathLike[str], *, create: bool = False, **options: Any) -> Store:
         """Open the store at `root`; with `create=True`, create it first if absent (or
-        complete what an interrupted init left). Any number of processes may do this at once."""
+        complete what an interrupted init left). Any number of processes may do this at once.
+        `read_only=True`: a reader's store, whose every write raises ReadOnlyStoreError (what
+        a reader with read-only S3 keys or a read-only mount can do)."""
+        if create and options.get("read_only"):
+            raise UsageError("a store opened read_only=True cannot be created: drop one")
         medium = open_medium(root, **_medium_options(options))
         # Anything else there, and it is not ours to adopt: the open below says what it is.
         # (A store another process completed meanwhile has its marker.)
@@ -422,7 +430,7 @@ class Store(Reading):
             raise
 
 
-_STORE_OPTIONS = frozenset({"snapshot_budget", "clock"})
+_STORE_OPTIONS = frozenset({"snapshot_budget", "clock", "read_only"})
 
 
 def _require_plan_or_id(plan: Plan | None, plan_id: str | None) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from castore.cli.common import EXIT_OK, emit_json, open_store
+from castore.cli.common import EXIT_OK, emit_json, open_reader
 from castore.run.budget import DEFAULT_BUDGET, MIN_BUDGET, TOKEN_RULE
 
 
@@ -37,7 +37,7 @@ def now(text: str) -> int:
 
 
 def cmd_brief(args: argparse.Namespace) -> int:
-    store = open_store(args)
+    store = open_reader(args)
     made = store.brief(args.task, budget_tokens=args.budget, now_ms=args.now, verify=args.verify)
     if args.json:
         emit_json("brief", made.data)

@@ -106,6 +106,11 @@ def open_store(args: argparse.Namespace) -> castore.Store:
     return castore.Store.open(store_path(args))
 
 
+def open_reader(args: argparse.Namespace) -> castore.Store:
+    """The store for a verb that only reads: every write through it raises (FORMAT.md §12)."""
+    return castore.Store.open(store_path(args), read_only=True)
+
+
 def telling_lock_waits(handler: Handler) -> Handler:
     """`handler`, with a wait for a task's lock told on stderr as it begins (one line, the
     library's note on logger castore.lock): a verb that waits in silence looks hung."""

@@ -13,7 +13,7 @@ from castore.cli.common import (
     EXIT_INTEGRITY,
     EXIT_OK,
     emit_json,
-    open_store,
+    open_reader,
     positive_int,
 )
 from castore.errors import ChainError, ObjectMissingError, UsageError
@@ -60,7 +60,7 @@ def cmd_log(args: argparse.Namespace) -> int:
         raise UsageError(
             "give a TASK (`castore status` lists them) or --thread NAME (see `castore log --help`)"
         )
-    store = open_store(args)
+    store = open_reader(args)
     tasks = _log_tasks(store, args)
     status = EXIT_OK
     for task in tasks:
@@ -146,7 +146,7 @@ def _resolve_ref(store: Store, ref: str) -> str:
 def cmd_show(args: argparse.Namespace) -> int:
     from castore.format import codec  # noqa: PLC0415
 
-    store = open_store(args)
+    store = open_reader(args)
     object_id = _resolve_ref(store, args.id)
     data = _slot_bytes(store, args.id, object_id)
     if data is None and not store.objects.exists(object_id):

@@ -15,7 +15,7 @@ from castore.cli.common import (
     EXIT_OK,
     EXIT_UNKNOWN_OUTCOME,
     json_line,
-    open_store,
+    open_reader,
     positive_int,
 )
 from castore.errors import UsageError
@@ -214,7 +214,7 @@ _LINES_A_WRITE = 64
 def cmd_status(args: argparse.Namespace) -> int:
     if args.thread is not None and args.task is not None:
         raise UsageError("give a TASK (or glob) or --thread NAME, not both")
-    store = open_store(args)
+    store = open_reader(args)
     tasks = threads.selected(args, store.tasks() if args.thread is not None else ())
     if tasks is None:
         tasks = _selected_tasks(store, args.task)

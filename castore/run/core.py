@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
@@ -94,6 +93,7 @@ class RunCore:
         # Set by resume when the environment check was deferred until in-flight effects settle.
         self.env_unverified = False
         self._sealer: Sealer | None = None
+        self._prune_due = False
         self._base_ids: dict[str, int] | None = None  # the plan's step ids, when first needed
         if settings.seal_every is not None:
             self._sealer = Sealer(
@@ -105,10 +105,12 @@ class RunCore:
                 every=settings.seal_every,
             )
             through = mark_through(slots)
-            if chain.head.sealed is not None and (
+            # A crash came between a seal's commit and its prune: the first commit of this run
+            # finishes it, not the resume, so a run that only reads never writes (FORMAT.md
+            # §12: a reader never writes; the chain reads the same either way).
+            self._prune_due = chain.head.sealed is not None and (
                 through is None or through < chain.head.sealed.through
-            ):
-                self._sealer.finish_prune()  # a crash came between a seal's commit and prune
+            )
 
     # -- reading -------------------------------------------------------------------------
     @property
@@ -185,6 +187,7 @@ class RunCore:
         `packs_written`: the older packs `sealed` reaches through prev that no commit names."""
         if self._stale is not None:
             raise self._stale
+        self._finish_prune_if_due()
         # Until an in-flight effect is settled, a changed environment is unexplained: keep the
         # old anchor rather than adopt the new one silently. (live_env may hash a whole tree:
         # it is computed once per commit.)
@@ -256,6 +259,12 @@ class RunCore:
             self._sealer.committed(data, snapshot)
         return snapshot_id
 
+    def _finish_prune_if_due(self) -> None:
+        """A seal's prune a crash cut short (see __init__): done before this run's first commit."""
+        if self._prune_due and self._sealer is not None:
+            self._prune_due = False
+            self._sealer.finish_prune()
+
     def _next_anchor(self) -> Sealed | None:
         return self._sealer.next_anchor() if self._sealer is not None else self.head.sealed
 
@@ -321,9 +330,11 @@ class RunCore:
 
     @functools.cached_property
     def task_place(self) -> str:
-        """The real path of the task's chain directory: what identifies the task in this
-        process, however the store was opened (castore.run.inflight)."""
-        return os.path.realpath(self._slots.directory)
+        """The task as the medium names it (the store's identity and the chain's key): what
+        identifies the task in this process, however and from wherever the store was opened
+        (castore.run.inflight). Never a path string: `os.path.realpath` of an s3:// URL is
+        relative to the working directory, which a process may change between two runs."""
+        return f"{self._slots.medium.identity}/{self._slots.chain_key}"
 
     @property
     def run_id(self) -> str:
