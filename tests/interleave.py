@@ -83,9 +83,17 @@ class Scheduler:
     """Runs actors one at a time under `crashpoints`' hook, following `prefix` (the index of
     the option to take at each choice; 0 past its end)."""
 
-    def __init__(self, interesting: Interest, prefix: list[int]) -> None:
+    def __init__(
+        self,
+        interesting: Interest,
+        prefix: list[int],
+        chooser: Callable[[int, tuple[tuple[str, str], ...]], int] | None = None,
+    ) -> None:
         self.interesting = interesting
         self.prefix = prefix
+        # (choice index, options as (actor, point)) -> the option to take past the prefix: a
+        # seeded random walk (tests/simworld.py) instead of the depth-first default, 0.
+        self.chooser = chooser
         self.trace = Trace()
         self._cv = threading.Condition()
         self._actors: dict[threading.Thread, Actor] = {}
@@ -209,8 +217,13 @@ class Scheduler:
                     chosen = last
                 else:
                     index = len(self.trace.steps)
-                    pick = self.prefix[index] if index < len(self.prefix) else 0
                     described = tuple((a.name, a.point) for a in options)
+                    if index < len(self.prefix):
+                        pick = self.prefix[index]
+                    elif self.chooser is not None:
+                        pick = self.chooser(index, described)
+                    else:
+                        pick = 0
                     if pick >= len(options):
                         raise HarnessError(
                             f"nondeterminism at choice {index}: option {pick} was there before, "
