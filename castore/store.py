@@ -44,7 +44,7 @@ from castore.medium.base import Medium
 from castore.medium.posix import PosixMedium
 from castore.medium.readonly import ReadOnlyMedium
 from castore.medium.select import open_medium
-from castore.medium.tasklock import TaskLock
+from castore.medium.tasklock import HeldLock
 from castore.run import brief, budget, forget, fork, gate, resolution
 from castore.run.forget import Forgotten
 from castore.run.fork import Forked
@@ -415,7 +415,7 @@ class Store(Reading):
             self._require_v2(f"a growing plan ({plan.name!r})")
 
     @contextlib.contextmanager
-    def _locked(self, task_id: str, timeout: float | None) -> Iterator[TaskLock | None]:
+    def _locked(self, task_id: str, timeout: float | None) -> Iterator[HeldLock | None]:
         """The task's local lock for the code that builds a Run: released if that code
         fails, handed over to the Run if it succeeds. None without a lock (timeout None, no
         task directory yet, or a filesystem without flock)."""

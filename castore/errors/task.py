@@ -75,14 +75,17 @@ class ForkError(CastoreError):
 
 
 class TaskBusyError(CastoreError, TimeoutError):
-    """Another worker on this host holds the task's lock."""
+    """Another worker on this host holds the task's lock (or, on S3, its lease)."""
 
-    def __init__(self, task_id: str, waited: float) -> None:
+    def __init__(self, task_id: str, waited: float, *, lease: bool = False) -> None:
         self.task = task_id
         self.waited = waited
+        self.lease = lease
+        holder = "leased by another worker" if lease else "held by another worker on this host"
         super().__init__(
-            f"task {task_id!r} is held by another worker on this host (waited {waited:g}s); "
+            f"task {task_id!r} is {holder} (waited {waited:g}s); "
             "let it finish, or pass a longer lock_timeout"
+            + (" (a dead holder's lease is taken over after its term)" if lease else "")
         )
 
 

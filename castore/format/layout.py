@@ -21,6 +21,7 @@ TASKS_DIR = "tasks"
 QUARANTINE_DIR = "quarantine"
 CHAIN_DIR = "chain"
 LOCK_NAME = "lock"
+LEASE_DIR = "lease"  # an S3 task's lease claims (castore.medium.s3lease)
 MARKS_DIR = "marks"  # the sealed mark's generations (FORMAT.md 9.7)
 LEGACY_MARK_NAME = "sealed"  # the mark as stores before format 2's revision hold it: read only
 TMP_PREFIX = ".tmp-"

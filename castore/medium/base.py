@@ -32,7 +32,7 @@ from typing import Literal
 
 from castore.format.limits import MAX_OBJECT_SIZE
 from castore.format.model import attrs
-from castore.medium.tasklock import TaskLock
+from castore.medium.tasklock import HeldLock
 
 
 @attrs.frozen
@@ -298,7 +298,7 @@ class Medium(abc.ABC):
 
     # -- locks and the store as a whole ---------------------------------------------------------
     @abc.abstractmethod
-    def lock(self, key: str, task_id: str, timeout: float) -> TaskLock | None:
+    def lock(self, key: str, task_id: str, timeout: float) -> HeldLock | None:
         """The task's local queueing lock `key` (FORMAT.md §14), held when this returns;
         TaskBusyError after `timeout` seconds; None where the medium has no lock. A lock only
         spares local workers a lost race: correctness never rests on it."""

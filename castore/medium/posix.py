@@ -24,7 +24,7 @@ from castore.medium import fsio, fsread, groupflush, oserrors, posixinit, setasi
 from castore.medium.base import Entry, Judge, Medium, SetAside
 from castore.medium.mountinfo import names_are_coherent
 from castore.medium.posixbatch import OBJECT_KEYS, Batch, name_unsure
-from castore.medium.tasklock import TaskLock
+from castore.medium.tasklock import HeldLock, TaskLock
 
 # gc may remove a snapshot object between its publish and the link only if the writer
 # paused longer than the grace period; each try publishes it anew.
@@ -313,7 +313,7 @@ class PosixMedium(Medium):
         del opened.existed[before:]
         return existed
 
-    def lock(self, key: str, task_id: str, timeout: float) -> TaskLock | None:
+    def lock(self, key: str, task_id: str, timeout: float) -> HeldLock | None:
         lock = TaskLock(self.path(key), task_id)
         return lock if lock.acquire(timeout) else None
 

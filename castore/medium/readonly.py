@@ -15,7 +15,7 @@ from typing import NoReturn
 from castore.errors import ReadOnlyStoreError
 from castore.format.limits import MAX_OBJECT_SIZE
 from castore.medium.base import Entry, Judge, Medium, SetAside
-from castore.medium.tasklock import TaskLock
+from castore.medium.tasklock import HeldLock
 
 
 class ReadOnlyMedium(Medium):
@@ -113,7 +113,7 @@ class ReadOnlyMedium(Medium):
     def pending(self, key: str) -> bytes | None:
         return None  # a reader has no batch of its own
 
-    def lock(self, key: str, task_id: str, timeout: float) -> TaskLock | None:
+    def lock(self, key: str, task_id: str, timeout: float) -> HeldLock | None:
         del key, task_id, timeout
         return None  # a reader queues behind nobody, and a lock file would be a write
 

@@ -34,6 +34,7 @@ from castore.errors import (
     StoreIOError,
     StoreNotFoundError,
     UnsafeEndpointError,
+    UsageError,
 )
 from castore.format.digest import Hasher
 from castore.format.layout import MARKER_KEY, OBJECTS_DIR, TASKS_DIR
@@ -41,6 +42,7 @@ from castore.format.limits import MAX_OBJECT_SIZE
 from castore.medium import s3aside
 from castore.medium.base import Entry, Judge, Medium, SetAside
 from castore.medium.s3client import Client, Exists, Missing, Unanswered
+from castore.medium.s3lease import Lease
 from castore.medium.s3verdict import (
     PROBE_KEY,
     VERDICT_KEY,
@@ -49,14 +51,14 @@ from castore.medium.s3verdict import (
     record_verdict,
     require_safe,
 )
-from castore.medium.tasklock import TaskLock
+from castore.medium.tasklock import HeldLock
 
 __all__ = ["VERDICT_KEY", "S3Medium"]
 
 _CHUNK = 1 << 20
 # The keys that name "directories" of the format (a key prefix on S3): everything else is a
 # file's key, looked up with one HEAD.
-_DIRECTORY = re.compile(r"(objects|tasks)(/[0-9a-f]{2})?|tasks/[^/]+(/(chain|marks))?|")
+_DIRECTORY = re.compile(r"(objects|tasks)(/[0-9a-f]{2})?|tasks/[^/]+(/(chain|marks|lease))?|")
 
 
 class S3Medium(Medium):
@@ -70,8 +72,11 @@ class S3Medium(Medium):
     private_names = frozenset({VERDICT_KEY, PROBE_KEY})
     seal_every = 64  # a resume GETs each slot above the mark: at most 64 round trips
 
-    def __init__(self, client: Client, prefix: str) -> None:
+    def __init__(self, client: Client, prefix: str, *, lease_s: float | None = None) -> None:
+        if lease_s is not None and not lease_s > 0:
+            raise UsageError(f"lease_s must be a positive number of seconds, not {lease_s!r}")
         self.client = client
+        self.lease_s = lease_s  # a task's lease term; None: no lease (s3lease.py)
         self.prefix = prefix.strip("/")
         self.url = f"s3://{client.bucket}/{self.prefix}" if self.prefix else f"s3://{client.bucket}"
         self._head = f"{self.prefix}/" if self.prefix else ""
@@ -102,13 +107,15 @@ class S3Medium(Medium):
     def from_url(cls, url: str, **options: Any) -> S3Medium:
         """The store at `url` (s3://bucket[/prefix]); `options` are the client's (endpoint_url,
         region_name, profile_name, aws_access_key_id, ...; unset: the environment and the
-        AWS config files, the boto3 way)."""
+        AWS config files, the boto3 way); `lease_s`: lease each task a worker runs, with that
+        term (castore.medium.s3lease; docs/howto/object-storage.md)."""
+        lease_s = options.pop("lease_s", None)
         parsed = urlparse(url)
         if parsed.scheme != "s3" or not parsed.netloc:
             raise StoreNotFoundError(
                 url, "not an s3://bucket/prefix URL", "give s3://BUCKET/PREFIX"
             )
-        return cls(Client(parsed.netloc, **options), parsed.path)
+        return cls(Client(parsed.netloc, **options), parsed.path, lease_s=lease_s)
 
     def s3_key(self, key: str) -> str:
         return self._head + key
@@ -359,9 +366,14 @@ class S3Medium(Medium):
         require_safe(self)
 
     # -- locks and the store as a whole ---------------------------------------------------------
-    def lock(self, key: str, task_id: str, timeout: float) -> TaskLock | None:
-        del key, task_id, timeout
-        return None  # no lock: the commit point alone keeps commits apart
+    def lock(self, key: str, task_id: str, timeout: float) -> HeldLock | None:
+        """The task's lease where one was asked for (`lease_s`), held when this returns;
+        else None: no lock, the commit point alone keeps commits apart."""
+        if self.lease_s is None:
+            return None
+        lease = Lease(self, key.rpartition("/")[0], task_id, self.lease_s)
+        lease.acquire(timeout)
+        return lease
 
     def init_store(self, marker: bytes) -> None:
         """Check the endpoint refuses a second exclusive create (and record it), then the

@@ -12,7 +12,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from castore.errors import TaskBusyError
 from castore.medium import oserrors
@@ -23,6 +23,12 @@ _NO_FLOCK = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP}
 
 if TYPE_CHECKING:
     import filelock
+
+
+class HeldLock(Protocol):
+    """What a run does with its task's lock or lease: let it go when it is done."""
+
+    def release(self) -> None: ...
 
 
 class TaskLock:

@@ -38,7 +38,7 @@ from castore.format.records import (
     Writer,
     snapshot_version,
 )
-from castore.medium.tasklock import TaskLock
+from castore.medium.tasklock import HeldLock
 from castore.run import gate, inflight
 from castore.run.replay import Replay
 from castore.run.settings import (
@@ -69,7 +69,7 @@ class RunCore:
         slots: TaskSlots,
         chain: VerifiedChain,
         settings: RunSettings,
-        lock: TaskLock | None,
+        lock: HeldLock | None,
     ) -> None:
         self.task_id = chain.task
         self.plan: Plan = chain.plan

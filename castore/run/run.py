@@ -23,7 +23,7 @@ from castore.format.effects import NextAction, Service
 from castore.format.layout import validate_object_id
 from castore.format.plans import roll_digest, validate_step_id
 from castore.format.records import Grown, Step, Transition, TransitionKind
-from castore.medium.tasklock import TaskLock
+from castore.medium.tasklock import HeldLock
 from castore.run import journal, protocol
 from castore.run.brief import Brief, make_brief
 from castore.run.contract import Position
@@ -48,7 +48,7 @@ class Run(RunCore):
         slots: TaskSlots,
         chain: VerifiedChain,
         settings: RunSettings,
-        lock: TaskLock | None,
+        lock: HeldLock | None,
     ) -> None:
         super().__init__(objects, slots, chain, settings, lock)
         self._replay = Replay(self)

@@ -13,6 +13,7 @@ from castore.format.codec import intact_body
 from castore.format.digest import hash_bytes
 from castore.format.layout import (
     CHAIN_DIR,
+    LEASE_DIR,
     LEGACY_MARK_NAME,
     LOCK_NAME,
     MARKS_DIR,
@@ -167,6 +168,8 @@ class TaskCheck(LinkRules):
                     self.add("sealed-mark-damaged", relpath, str(exc))
             elif entry.name == MARKS_DIR:
                 self._mark_generations(relpath, entry.kind)
+            elif entry.name == LEASE_DIR and self.medium.kind == "s3":
+                continue  # a task's lease claims (castore.medium.s3lease): no chain data
             elif parse_temp_name(entry.name):  # a mark write a crash interrupted (v2)
                 self._temp_finding(relpath)
             elif entry.name != CHAIN_DIR and not entry.name.startswith(".filelock"):
