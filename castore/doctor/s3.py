@@ -127,7 +127,19 @@ def _exclusive_race(medium: S3Medium, prefix: str, *, rounds: int) -> tuple[Verd
     if bad:
         return "fail", f"{len(bad)}/{rounds} rounds without exactly one winner ({bad[0]}, ...)"
     # A pass is evidence, not proof: a race inside the server may need more rounds to show.
-    return "ok", f"{rounds}/{rounds} rounds of {CLIENTS} concurrent creates: one winner each"
+    return "ok", (
+        f"{rounds}/{rounds} rounds of {CLIENTS} concurrent creates: one winner each; "
+        f"{rare_race(rounds)}"
+    )
+
+
+def rare_race(rounds: int) -> str:
+    """How rare a race these rounds could have missed: with none seen in N rounds, a race in
+    more than 3 of every N rounds would have shown with 95% confidence (the rule of three)."""
+    return (
+        f"a race rarer than 1 in {max(1, rounds // 3):,} rounds could have slipped through "
+        "(95% confidence)"
+    )
 
 
 def _read_after_write(medium: S3Medium, key: str) -> tuple[Verdict, str]:

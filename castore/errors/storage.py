@@ -120,14 +120,17 @@ class StoreIOError(StoreError, OSError):
     a path component that is not a directory), read or write; an absent file is reported by
     the error of what was looked for (StoreNotFoundError, ObjectMissingError, ...)."""
 
-    def __init__(self, path: str, operation: str, cause: OSError, outcome: str = "") -> None:
+    def __init__(
+        self, path: str, operation: str, cause: OSError, outcome: str = "", advice: str = ""
+    ) -> None:
         self.path = path
         self.operation = operation
         done = f"{outcome}; " if outcome else ""
+        # `advice`: the medium's own words (an S3 key and endpoint, not a file's owner and mode)
         super().__init__(
             cause.errno,
-            f"{operation} {path} failed: {_reason(cause)}; {done}{io_advice(cause.errno)}, "
-            "then retry",
+            f"{operation} {path} failed: {_reason(cause)}; {done}"
+            f"{advice or io_advice(cause.errno)}, then retry",
         )
 
 

@@ -125,6 +125,8 @@ class Client:
             max_pool_connections=max_pool_connections,
             environment=tuple(os.environ.get(name) for name in _ENVIRONMENT),
         )
+        # How the endpoint was chosen, for the errors that name it (issue 42, item 2).
+        self.endpoint_source = _endpoint_source(endpoint_url)
         self.requests = 0  # every request sent, retries included: the benchmark's count
         self.unanswered: float | None = None  # when the last unanswered DELETE was sent
 
@@ -174,7 +176,7 @@ class Client:
                 if status == 412 or code_of(exc) == "PreconditionFailed":
                     raise Exists(where, after_retry=attempt > 1) from exc
                 if not _retried(exc):
-                    raise _io_error(where, operation, exc) from exc
+                    raise self._io_error(where, operation, exc) from exc
                 if attempt == attempts:
                     raise self._gave_up(where, operation, exc, attempts) from exc
             except _CONNECTION_ERRORS as exc:
@@ -189,7 +191,24 @@ class Client:
         if attempts == 1 and operation == "delete_object":
             self.unanswered = time.monotonic()
             return Unanswered(where)
-        return _io_error(where, operation, exc)
+        return self._io_error(where, operation, exc)
+
+    def _io_error(self, where: str, operation: str, exc: BaseException) -> StoreIOError:
+        if isinstance(exc, botocore.exceptions.ClientError) and status_of(exc) in (401, 403):
+            advice = (
+                f"check the access key and secret key for {self.endpoint} "
+                "(aws_access_key_id= and aws_secret_access_key=, $AWS_ACCESS_KEY_ID and "
+                "$AWS_SECRET_ACCESS_KEY, or the profile) and that they may use the bucket"
+            )
+        elif isinstance(exc, botocore.exceptions.ClientError):
+            advice = f"the endpoint {self.endpoint} refused the request"
+        else:
+            advice = (
+                f"check that {self.endpoint} is the endpoint you mean ({self.endpoint_source}) "
+                "and that it answers; set it with endpoint_url= or $AWS_ENDPOINT_URL_S3 "
+                "(docs/howto/object-storage.md)"
+            )
+        return _io_error(where, operation, exc, advice)
 
     def body(self, response: Any, where: str, limit: int) -> bytes:
         """The bytes of a GetObject answer, at most `limit` (OverflowError past it)."""
@@ -200,7 +219,7 @@ class Client:
         try:
             data: bytes = response["Body"].read()
         except _CONNECTION_ERRORS as exc:  # reset mid-body: the caller reads again
-            raise _io_error(where, "reading the body of", exc) from exc
+            raise self._io_error(where, "reading the body of", exc) from exc
         return data
 
     def chunks(self, response: Any, size: int) -> Iterator[bytes]:
@@ -275,7 +294,20 @@ _ENVIRONMENT = (
 os.register_at_fork(after_in_child=_client.cache_clear)
 
 
-def _io_error(where: str, operation: str, exc: BaseException) -> StoreIOError:
+def _endpoint_source(endpoint_url: str | None) -> str:
+    """How boto3 will choose the endpoint, said for a person."""
+    if endpoint_url:
+        return "the endpoint_url option"
+    for name in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
+        if os.environ.get(name):
+            return f"${name}"
+    return (
+        "no endpoint was set, so boto3 chose AWS's own for the region (or the AWS config "
+        "file's endpoint_url)"
+    )
+
+
+def _io_error(where: str, operation: str, exc: BaseException, advice: str) -> StoreIOError:
     reason = exc.__class__.__name__
     if isinstance(exc, botocore.exceptions.ClientError):
         reason = (
@@ -291,4 +323,5 @@ def _io_error(where: str, operation: str, exc: BaseException) -> StoreIOError:
         f"{operation} (S3)",
         OSError(code, answer),
         "nothing castore acknowledged is lost",
+        advice,
     )
