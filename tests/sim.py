@@ -364,6 +364,7 @@ class SimClient(Client):
     def __init__(self, server: Server) -> None:  # no boto3 client is built
         self.bucket = BUCKET
         self._s3 = SimS3(server)
+        self.endpoint_source = "the simulation"
         self.requests = 0
         self.unanswered = None
 
