@@ -72,6 +72,7 @@ def test_a_seed_replays_exactly() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(0)  # about a second a seed: longer than the default run's per-test limit
 @pytest.mark.parametrize("profile", [sim.AWS, sim.RGW], ids=lambda p: p.name)
 def test_campaign(profile: sim.Profile) -> None:
     outcomes = simworld.explore(range(10_000, 10_000 + CAMPAIGN), profile)
