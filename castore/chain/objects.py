@@ -78,7 +78,11 @@ class ObjectStore:
                     raise
                 created = False  # the temp file vanished before its link: a gc with no grace
             else:
-                if created or medium.pending(key) is not None or self._refresh_or_heal(data):
+                if (
+                    created
+                    or medium.pending(key) is not None
+                    or self._refresh_or_heal(object_id, data)
+                ):
                     if remember:
                         self._remember(object_id, data)
                     return object_id
@@ -183,11 +187,10 @@ class ObjectStore:
         if not there:
             self.put_framed(data)  # set aside or removed by gc: store it again
 
-    def _refresh_or_heal(self, data: bytes) -> bool:
+    def _refresh_or_heal(self, object_id: str, data: bytes) -> bool:
         """`_refresh` of the object `data` names; where its stored bytes are damaged, the
         medium's `heal` puts these verified ones in their place (S3, where fsck's quarantine
         cannot always take a damaged key away); ObjectCorruptError where it cannot."""
-        object_id = hash_bytes(data)
         try:
             return self._refresh(object_id)
         except ObjectCorruptError:

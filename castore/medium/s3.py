@@ -145,7 +145,9 @@ class S3Medium(Medium):
         except OverflowError as exc:
             raise OversizedFileError(where, int(str(exc)), limit) from None
         modified = response.get("LastModified")
-        return data, Entry(key.rsplit("/", 1)[-1], "regular file", len(data), _seconds(modified))
+        return data, Entry(
+            key.rsplit("/", 1)[-1], "regular file", len(data), s3aside.seconds(modified)
+        )
 
     def read_fresh(self, key: str, *, limit: int = MAX_OBJECT_SIZE) -> bytes:
         return self.read(key, limit=limit)  # S3 reads are strongly consistent: no cache
@@ -406,7 +408,3 @@ class S3Medium(Medium):
             )
         )
         return objects, len(self.names(TASKS_DIR))
-
-
-def _seconds(modified: Any) -> float:
-    return float(modified.timestamp()) if modified is not None else 0.0

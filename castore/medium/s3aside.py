@@ -3,6 +3,8 @@ carries the ETag of the very bytes judged damaged (docs/FORMAT.md §19.4)."""
 
 from __future__ import annotations
 
+import datetime
+
 from castore import crashpoints
 from castore.errors import OversizedFileError
 from castore.format.limits import MAX_OBJECT_SIZE
@@ -44,7 +46,7 @@ def _judged_etag(medium: S3Medium, key: str, still_bad: Judge) -> str | None:
         raise OversizedFileError(where, int(str(exc)), MAX_OBJECT_SIZE) from None
     etag = str(response.get("ETag", ""))
     modified = response.get("LastModified")
-    entry = Entry(key.rsplit("/", 1)[-1], "regular file", len(data), _seconds(modified))
+    entry = Entry(key.rsplit("/", 1)[-1], "regular file", len(data), seconds(modified))
     return etag if etag and still_bad(data, entry) else None
 
 
@@ -72,5 +74,6 @@ def _copy_judged(medium: S3Medium, key: str, target: str, etag: str, still_bad: 
     return True
 
 
-def _seconds(modified: object) -> float:
-    return float(modified.timestamp()) if modified is not None else 0.0  # type: ignore[attr-defined]
+def seconds(modified: datetime.datetime | None) -> float:
+    """An S3 answer's LastModified as seconds since the epoch (0 if it gave none)."""
+    return modified.timestamp() if modified is not None else 0.0
