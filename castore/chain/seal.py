@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 from castore import crashpoints
-from castore.chain import packs, sealmark
+from castore.chain import packs
 from castore.chain.objects import ObjectStore
+from castore.chain.prune import prune  # callers keep seal.prune
 from castore.chain.refs import TaskSlots
 from castore.errors import CastoreError, UsageError
 from castore.format.model import attrs
@@ -73,16 +74,6 @@ def build_packs(
         written.append(pack_id)
         prev, parent, through = pack_id, chunk[-1], through + len(chunk)
     return Sealed(written[-1], through), written
-
-
-def prune(slots: TaskSlots, anchor: Sealed, known: Mapping[int, bytes] | None = None) -> None:
-    """Steps 3 and 4 of the protocol, for an anchor a durable commit carries: the mark (only
-    ever moved forward, whoever moved it last), then the slots <= its `through` and their
-    snapshot objects (`known`: the bytes of some, by seq, which need not be read back)."""
-    slots.marks.advance(sealmark.Mark(anchor.pack, anchor.through))
-    crashpoints.reach("seal.mark_written")
-    slots.prune(anchor.through, known)
-    crashpoints.reach("seal.pruned")
 
 
 class Sealer:
