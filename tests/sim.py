@@ -313,12 +313,15 @@ class SimS3:
         Delimiter: str | None = None,
         MaxKeys: int = 1000,
         ContinuationToken: str | None = None,
+        StartAfter: str = "",
     ) -> Any:
         def apply() -> Any:
             server = self.server
             start = bisect.bisect_left(server.keys, ContinuationToken or Prefix)
             if ContinuationToken is not None:
                 start = bisect.bisect_right(server.keys, ContinuationToken)
+            elif StartAfter > Prefix:
+                start = bisect.bisect_right(server.keys, StartAfter)
             contents: list[dict[str, Any]] = []
             prefixes: list[str] = []
             last = None

@@ -163,10 +163,15 @@ class TaskSlots:
         `through` (the caller moved it first): before that a stale writer's claim of a freed
         name would be acknowledged. `known`: the bytes the caller committed at some of these
         seqs (the sealer holds them), not read back; whether the slot is still their object's
-        file is asked all the same. Idempotent; returns how many slots it retired."""
+        file is asked all the same. Idempotent; returns how many slots it retired (0 on a
+        medium that keeps retired slots: nothing is asked of it at all)."""
         mark = self.mark()
         if mark is None or mark.through < through:
             raise ValueError(f"slots up to {through} of {self.task_id!r} are not marked sealed")
+        if self.medium.keeps_retired:
+            # S3: a retired slot keeps its key and bytes and has no object name of its own, so
+            # there is nothing to list, read or take away (the mark was the whole prune).
+            return 0
         objects: list[str] = []
         removed = 0
         known = known or {}

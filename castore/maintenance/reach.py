@@ -20,6 +20,7 @@ from castore.format.layout import (
     is_object_name,
     object_relpath,
     parse_slot_name,
+    slot_name,
 )
 from castore.format.model import attrs
 from castore.medium.base import Medium
@@ -127,7 +128,10 @@ class Reachable:
         if floor is None:
             self._unreadable(task)
             return roots
-        for name in listed(self._medium, chain) or []:
+        # Listed from the floor: on S3, which keeps every slot, a listing of the whole chain
+        # would cost a page per 1,000 slots the task ever committed, at every gc.
+        names = listed(self._medium, chain, after=slot_name(floor - 1) if floor else None)
+        for name in names or []:
             key = f"{chain}/{name}"
             seq = parse_slot_name(name)
             if seq is None or seq < floor or key in self._seen:
@@ -180,11 +184,11 @@ class Reachable:
             self._report.unreadable_tasks.append(task)
 
 
-def listed(medium: Medium, key: str) -> list[str] | None:
-    """The names under `key`; None if there is no such directory (removed while gc ran: an
-    empty chain directory of a task being made)."""
+def listed(medium: Medium, key: str, *, after: str | None = None) -> list[str] | None:
+    """The names under `key` (only those after `after`, if given); None if there is no such
+    directory (removed while gc ran: an empty chain directory of a task being made)."""
     try:
-        return medium.names(key)
+        return medium.names(key) if after is None else medium.names_after(key, after)
     except FileNotFoundError:
         return None
     except StoreIOError as exc:

@@ -34,28 +34,51 @@ from castore.store import Store
 
 def reclaim_forgotten(store: Store, *, dry_run: bool = False) -> list[str]:
     """Reclaim the history of every forgotten task of a format-2 store (see the module
-    docstring); the tasks reclaimed now (or, in a dry run, that would be). A task whose
-    tombstone or mark cannot be read is left alone: fsck names what is wrong with it."""
+    docstring); the tasks reclaimed now (or, in a dry run, that would be): a task reclaimed
+    by an earlier gc is not again. A task whose tombstone or mark cannot be read is left
+    alone: fsck names what is wrong with it."""
     if store.format_version < 2:
         return []  # a v1 store never gets a mark (V2SPEC V0)
     reclaimed = []
     for task in store.tasks():
         slots = TaskSlots(store.medium, store.objects, task)
         try:
-            found = tombstone_head(slots)
-            if found is None:
+            through = _to_reclaim(slots)
+            if through is None:
                 continue
-            through = found.head.seq - 1
-            mark = slots.mark()
-            stale = [seq for seq in slots.present() if seq <= through]
-            if mark is not None and mark.through >= through and not stale:
-                continue  # reclaimed before
             if not dry_run:
                 _reclaim(slots, through)
         except CastoreError:
             continue  # an unreadable tombstone or mark: nothing is pruned on a guess
         reclaimed.append(task)
     return reclaimed
+
+
+def _to_reclaim(slots: TaskSlots) -> int | None:
+    """The `through` of the mark a forgotten task's reclaim moves to and prunes up to (its
+    tombstone's seq - 1); None when there is nothing to do: the task is not forgotten, or
+    an earlier gc reclaimed it. A mark without a pack is only ever written by a reclaim,
+    with the tombstone just above it, so such a task costs the read of its mark alone
+    (nothing below it is read again at every gc), plus, where pruning takes slots away
+    (POSIX), one listing for what a reclaim killed mid-prune left."""
+    mark = slots.mark()
+    if mark is not None and mark.pack is None:
+        return mark.through if _unpruned(slots, mark.through) else None
+    found = tombstone_head(slots)
+    if found is None:
+        return None
+    through = found.head.seq - 1
+    if mark is not None and mark.through >= through and not _unpruned(slots, through):
+        return None  # reclaimed before
+    return through
+
+
+def _unpruned(slots: TaskSlots, through: int) -> bool:
+    """True if a slot at or below `through` is still to be taken away. Never on a medium
+    that keeps retired slots (S3): there a prune has nothing to take away."""
+    if slots.medium.keeps_retired:
+        return False
+    return any(seq <= through for seq in slots.present())
 
 
 def _reclaim(slots: TaskSlots, through: int) -> None:

@@ -70,6 +70,9 @@ class Medium(abc.ABC):
     frees_names: bool = True
     #: a chain slot is a second name of its snapshot's object (POSIX hard links)
     aliases: bool = True
+    #: `retire` leaves a pruned slot's key and bytes as they are (S3): a prune then has no
+    #: slot to list, read or take away, only the sealed mark to move
+    keeps_retired: bool = False
     #: directories are names of their own, made and kept apart from the files in them; False
     #: where a "directory" is a key prefix, present only while some key is under it
     directories: bool = True
@@ -127,6 +130,11 @@ class Medium(abc.ABC):
     def names(self, key: str) -> list[str]:
         """The names directly under `key` (a directory, or a key prefix); FileNotFoundError
         if there is no such directory."""
+
+    def names_after(self, key: str, after: str) -> list[str]:
+        """`names` that sort after `after` (gc skips the slots at or below a sealed mark on a
+        medium that keeps them: a listing that starts there costs what is above it)."""
+        return [name for name in self.names(key) if name > after]
 
     def names_if_small(self, key: str) -> list[str] | None:
         """`names`, where one listing costs less than a few lookups (a small directory); None

@@ -29,6 +29,7 @@ class ReadOnlyMedium(Medium):
         self.kind = inner.kind
         self.frees_names = inner.frees_names
         self.aliases = inner.aliases
+        self.keeps_retired = inner.keeps_retired
         self.directories = inner.directories
         self.seal_every = inner.seal_every
         self.file_events = inner.file_events
@@ -62,6 +63,9 @@ class ReadOnlyMedium(Medium):
 
     def names(self, key: str) -> list[str]:
         return self.inner.names(key)
+
+    def names_after(self, key: str, after: str) -> list[str]:
+        return self.inner.names_after(key, after)
 
     def names_if_small(self, key: str) -> list[str] | None:
         return self.inner.names_if_small(key)

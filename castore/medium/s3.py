@@ -67,6 +67,7 @@ class S3Medium(Medium):
     kind = "s3"
     frees_names = False
     aliases = False
+    keeps_retired = True
     directories = False
     file_events = False
     private_names = frozenset({VERDICT_KEY, PROBE_KEY})
@@ -194,6 +195,20 @@ class S3Medium(Medium):
 
     def names(self, key: str) -> list[str]:
         return [entry.name for entry in self.scan(key)]
+
+    def names_after(self, key: str, after: str) -> list[str]:
+        """The names under `key` after `after`, listed from there (StartAfter): a task's slots
+        above its sealed mark cost a page per 1,000 of them, not per 1,000 ever committed."""
+        prefix = self.s3_key(key) + "/"
+        found = []
+        for page in self.client.pages(
+            self.where(key), Prefix=prefix, Delimiter="/", StartAfter=prefix + after
+        ):
+            found += [item["Key"][len(prefix) :] for item in page.get("Contents", ())]
+            found += [
+                p["Prefix"][len(prefix) :].rstrip("/") for p in page.get("CommonPrefixes", ())
+            ]
+        return found
 
     def names_if_small(self, key: str) -> list[str] | None:
         """One ListObjectsV2 page (up to 1,000 names) where it holds every name under `key`."""
