@@ -159,6 +159,40 @@ def test_a_message_is_compressed_and_hashed_once_however_often_its_list_is_put(
     assert messages == latest.checkpoint["channel_values"]["messages"]
 
 
+def test_a_lists_elements_decode_in_one_call_to_the_same_values(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A list of messages, dicts, numbers and strs reads back equal through one msgpack
+    array (one call into the serializer, not one per element); a list holding an element
+    the serializer stores as another kind (bytes: "bytes", None: "null") is read element
+    by element, to the same values."""
+    values = [message(0), {"k": [1, 2.5, None, b"\x00raw"]}, 7, message(1), "x" * 300]
+    with CastoreSaver(tmp_path / "s") as saver:
+        parts = saver._parts
+        bodies = [parts.encode(value) for value in values]
+        calls: list[str] = []
+        real = saver.serde.loads_typed
+
+        def counted(typed: tuple[str, bytes]) -> Any:
+            calls.append(typed[0])
+            return real(typed)
+
+        monkeypatch.setattr(saver.serde, "loads_typed", counted)
+        assert values == parts.decode_list(bodies)
+        assert ["msgpack"] == calls
+        calls.clear()
+        others = [b"\x00raw", None]
+        mixed = [*bodies, *(parts.encode(value) for value in others)]
+        assert [*values, *others] == parts.decode_list(mixed)
+        assert len(mixed) == len(calls)  # not one array: one call each
+        monkeypatch.undo()
+        parent = put(saver, "conv", {"messages": [message(i) for i in range(40)]})
+        put(saver, "conv", {"messages": [message(i) for i in range(41)]}, parent)
+    with CastoreSaver(tmp_path / "s") as reader:  # a new saver: read from the store
+        latest = reader.get_tuple(config("conv"))
+    assert [message(i) for i in range(41)] == latest.checkpoint["channel_values"]["messages"]
+
+
 def raw_objects(root: Path) -> int:
     """How many raw objects (castore.chain.trees: kind `raw`) the store holds."""
     return sum(

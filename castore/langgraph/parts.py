@@ -21,7 +21,7 @@ from typing import Any
 from castore.chain.trees import RawRef, TreeRef, raw_bytes
 from castore.format.digest import hash_bytes
 from castore.format.model import attrs
-from castore.langgraph.deps import SerializerProtocol
+from castore.langgraph.deps import JsonPlusSerializer, SerializerProtocol
 from castore.store import Store
 
 DELTA_DEPTH = 90  # castore nests trees at most 100 deep (trees.MAX_TREE_DEPTH)
@@ -53,6 +53,9 @@ class Parts:
         self._lists: dict[str, ListInfo] = {}
         self._packed: OrderedDict[tuple[str, bytes], tuple[bytes, str]] = OrderedDict()
         self._packed_size = 0
+        # LangGraph's own serializer reads a msgpack array as the list of its items: a list's
+        # elements are then decoded in one call (another serializer: one call each).
+        self._arrays = type(serde) is JsonPlusSerializer
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
@@ -201,8 +204,38 @@ class Parts:
     def get_value(self, key: str | tuple[str, ...]) -> Any:
         """A stored value: a raw object's id, a list's key, or a list's element parts."""
         if isinstance(key, tuple):
-            return [self.decode(self.body(part)) for part in key]
+            return self.decode_list([self.body(part) for part in key])
         info = self.list_info(key)
         if info is None:
             return self.decode(self.body(key))
-        return [self.decode(self.body(part)) for part in info.elements]
+        return self.decode_list([self.body(part) for part in info.elements])
+
+    def decode_list(self, bodies: list[bytes]) -> list[Any]:
+        """The elements `bodies` encode, in order. Where each is msgpack (LangGraph's own
+        serializer), one msgpack array of them is decoded: the same values, with one call
+        into the serializer instead of one per element (a conversation's every message)."""
+        if self._arrays and len(bodies) > 1:
+            items: list[bytes] = []
+            for body in bodies:
+                kind, _, data = body.partition(b"\0")
+                if kind == b"z:msgpack":
+                    data = zlib.decompress(data)
+                elif kind != b"msgpack":
+                    break
+                items.append(data)
+            else:
+                decoded = self.serde.loads_typed(
+                    ("msgpack", _array_header(len(items)) + b"".join(items))
+                )
+                if type(decoded) is list and len(decoded) == len(bodies):
+                    return decoded
+        return [self.decode(body) for body in bodies]
+
+
+def _array_header(count: int) -> bytes:
+    """The msgpack header of an array of `count` items (fixarray, array 16, array 32)."""
+    if count < 16:
+        return bytes([0x90 | count])
+    if count < 1 << 16:
+        return b"\xdc" + count.to_bytes(2, "big")
+    return b"\xdd" + count.to_bytes(4, "big")
