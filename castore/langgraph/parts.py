@@ -142,6 +142,11 @@ class Parts:
     def _keep(self, object_id: str, body: bytes) -> None:
         if object_id in self._bodies:
             return
+        # Kept uncompressed: a conversation's messages are read at every get_tuple, and
+        # inflated once here instead of at each read (decode treats both forms alike).
+        kind, _, data = body.partition(b"\0")
+        if kind.startswith(b"z:"):
+            body = kind[2:] + b"\0" + zlib.decompress(data)
         self._bodies[object_id] = body
         self._size += len(body)
         while self._size > _CACHE_BYTES and self._bodies:
