@@ -47,3 +47,31 @@ def test_a_short_run_prints_the_ratios_their_spread_and_the_flushes(tmp_path: Pa
     assert 4.0 < float(pairs["castore_put_flushes"]) < 7.0  # 6 puts, the first ~17
     assert float(pairs["castore_get_tuple_flushes"]) == 0.0
     assert [] == list(tmp_path.iterdir())  # the scratch stores removed
+
+
+def test_the_phases_of_an_operation_add_up_to_its_time(tmp_path: Path) -> None:
+    """tools/bench_phases.py: for the commit, a put and a put_writes, every phase a number,
+    together their operation's total (`other` is the rest, never negative), and the flushes
+    of a commit among them."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH.parent / "bench_phases.py"),
+            *("--commits", "20", "--steps", "6", "--dir", str(tmp_path)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert 0 == done.returncode, done.stderr
+    pairs = {k: float(v) for k, v in (line.split("=", 1) for line in done.stdout.splitlines())}
+    for operation in ("commit", "lg_put", "lg_put_writes"):
+        phases = {k: v for k, v in pairs.items() if k.startswith(f"{operation}_phase_")}
+        assert 10 == len(phases)
+        assert phases[f"{operation}_phase_other_us"] >= 0
+        assert abs(sum(phases.values()) - pairs[f"{operation}_total_us"]) <= len(phases)
+        assert phases[f"{operation}_phase_fsync_file_us"] > 0
+        assert phases[f"{operation}_phase_fsync_dir_us"] > 0
+    assert pairs["lg_put_phase_serialize_us"] > 0
+    assert [] == list(tmp_path.iterdir())
