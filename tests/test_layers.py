@@ -320,7 +320,6 @@ def test_each_third_party_dependency_has_one_importer() -> None:
         "blake3": ["castore.format.digest"],
         "msgspec": ["castore.format.fastdecode"],
         "filelock": ["castore.medium.tasklock"],
-        "boto3": ["castore.medium.s3client"],
         "botocore": ["castore.medium.s3client"],
         "watchdog": ["castore.watch.observer"],
         "langgraph": ["castore.langgraph.deps"],

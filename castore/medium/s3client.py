@@ -1,6 +1,6 @@
-"""The S3 API as castore's S3 medium calls it (the only importer of boto3 and botocore, the
-optional extra castore[s3]): every request retried with backoff where retrying is safe, and
-every failure said in castore's words.
+"""The S3 API as castore's S3 medium calls it (the only importer of botocore, boto3's core,
+from the optional extra castore[s3]): every request retried with backoff where retrying is
+safe, and every failure said in castore's words.
 
 Which failures are retried, and why that never duplicates or loses a commit: a timeout, a
 reset connection, a 5xx and throttling (503 SlowDown, 429) say nothing about whether the
@@ -20,17 +20,20 @@ from __future__ import annotations
 
 import errno
 import functools
+import gzip
 import os
 import random
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-import boto3
 import botocore.config
 import botocore.exceptions
+import botocore.loaders
+import botocore.session
 
 from castore.errors import BucketNotFoundError, StoreIOError
+from castore.format.fastdecode import decode_json
 
 T = TypeVar("T")
 
@@ -254,11 +257,17 @@ def _client(
     max_pool_connections: int,
     environment: tuple[str | None, ...],
 ) -> Any:
-    """One boto3 client per configuration in a process: making one loads the S3 model (about
-    a second), and a client is safe to share between threads. `environment`: the variables
-    boto3 reads (an endpoint, keys, a region, a profile), so a changed one makes a new client."""
+    """One client per configuration in a process (a client is safe to share between threads),
+    all made from one loader of the SDK's data files (`_loader`: the S3 model is read once
+    per process). `environment`: the variables the SDK reads (an endpoint, keys, a region, a
+    profile), so a changed one makes a new client.
+
+    botocore's own session, not boto3's: boto3 adds its resources and transfer manager, which
+    castore does not use, and which cost a worker's start about a third of the client's
+    making again (tools/bench_s3_open.py)."""
     del environment
-    session = boto3.session.Session(profile_name=profile_name)
+    session = botocore.session.Session(profile=profile_name)
+    session.register_component("data_loader", _loader(session.get_config_variable("data_path")))
     config = botocore.config.Config(
         retries={"total_max_attempts": 1, "mode": "standard"},  # retried here, not there
         connect_timeout=connect_timeout,
@@ -266,7 +275,7 @@ def _client(
         max_pool_connections=max_pool_connections,
         s3={"addressing_style": "path"},
     )
-    return session.client(
+    return session.create_client(
         "s3",
         endpoint_url=endpoint_url,
         region_name=region_name,
@@ -275,6 +284,49 @@ def _client(
         aws_session_token=aws_session_token,
         config=config,
     )
+
+
+class _JSONFiles(botocore.loaders.JSONFileLoader):  # type: ignore[misc]
+    """The SDK's data files (`name.json` or `name.json.gz`), parsed in C."""
+
+    def load_file(self, file_path: str) -> Any:
+        for extension, opener in ((".json", open), (".json.gz", gzip.open)):
+            try:
+                with opener(file_path + extension, "rb") as stream:
+                    data = stream.read()
+            except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+                continue
+            return decode_json(data)
+        return None
+
+
+class _Loader(botocore.loaders.Loader):  # type: ignore[misc]
+    """botocore's loader, which knows a service by its own directory: botocore's lists every
+    service's directories first (about 450, a quarter of a client's making) only to check
+    that the one asked for is among them. An unknown service is left to botocore's own
+    check, and its error."""
+
+    @botocore.loaders.instance_cache  # type: ignore[untyped-decorator]
+    def load_service_model(
+        self, service_name: str, type_name: str, api_version: str | None = None
+    ) -> Any:
+        try:
+            version = api_version or self.determine_latest_version(service_name, type_name)
+            model = self.load_data(os.path.join(service_name, version, type_name))
+            extras = self._find_extras(service_name, type_name, version)
+            self._extras_processor.process(model, extras)
+        except (botocore.exceptions.DataNotFoundError, AttributeError):
+            # Not found (botocore words it) or a botocore whose insides differ: its own way.
+            return super().load_service_model(service_name, type_name, api_version)
+        return model
+
+
+@functools.lru_cache(maxsize=4)
+def _loader(data_path: str | None) -> Any:
+    """One loader per process for each AWS_DATA_PATH: what it reads it keeps, so every client
+    after the first skips the S3 model, the endpoint rules and the partitions."""
+    paths = [os.path.expanduser(p) for p in (data_path or "").split(os.pathsep) if p]
+    return _Loader(extra_search_paths=paths, file_loader=_JSONFiles())
 
 
 _ENVIRONMENT = (
