@@ -1,4 +1,5 @@
-"""Errors of the store itself: its directory, its system calls, its bytes (castore.errors)."""
+"""Errors of the store itself: its directory or S3 prefix, its system calls or requests, its
+bytes (castore.errors)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from castore.errors.usage import CastoreError
 
 
 class StoreError(CastoreError):
-    """A problem with the store directory as a whole."""
+    """A problem with the store as a whole (its directory, or its S3 prefix)."""
 
 
 class StoreNotFoundError(StoreError, FileNotFoundError):
@@ -61,10 +62,17 @@ class StoreExistsError(StoreError, FileExistsError):
     def __init__(self, path: str, detail: str = "") -> None:
         self.path = path
         extra = f" ({detail})" if detail else ""
+        what = "its prefix holds keys already" if on_s3(path) else "is not an empty directory"
         super().__init__(
-            f"{path} already exists and is not an empty directory{extra}; "
+            f"{path} already exists and {what}{extra}; "
             "choose a new path, or open the existing store instead of initialising it"
         )
+
+
+def on_s3(path: str) -> bool:
+    """True for a place in an S3 store (its URL): its errors speak of keys and requests, not
+    of files, directories and fsync."""
+    return path.startswith("s3://")
 
 
 class FormatVersionError(StoreError):
@@ -125,6 +133,7 @@ class StoreIOError(StoreError, OSError):
     ) -> None:
         self.path = path
         self.operation = operation
+        self.reason = _reason(cause)
         done = f"{outcome}; " if outcome else ""
         # `advice`: the medium's own words (an S3 key and endpoint, not a file's owner and mode)
         super().__init__(
@@ -164,18 +173,42 @@ class DurabilityError(StoreIOError):
     def __init__(self, path: str, operation: str, cause: OSError) -> None:
         self.path = path
         self.operation = operation
+        self.reason = _reason(cause)
+        if on_s3(path):
+            # No fsync, no temp file: a PUT that was never answered, and is known not to
+            # have created the key (it was read back).
+            retry = (
+                "then retry the call (the key was read back and is absent: nothing was "
+                "written, and a new conditional PUT creates it at most once)"
+            )
+        else:
+            retry = (
+                "then retry the call (never retry an fsync on the same file: castore starts "
+                "over with a new temp file)"
+            )
         OSError.__init__(
             self,
             cause.errno,
             f"{operation} failed for {path}: {_reason(cause)}; nothing was published. "
-            f"{_capital(io_advice(cause.errno))}, then retry the call (never retry an fsync "
-            "on the same file: castore starts over with a new temp file)",
+            f"{_capital(io_advice(cause.errno))}, {retry}",
         )
+
+
+class EndpointAnswer(OSError):
+    """What an S3 endpoint answered to a request, or that it did not answer, in those words:
+    the cause of that request's StoreIOError, reported as said (the errno alone would read as
+    a POSIX failure, "Resource temporarily unavailable")."""
 
 
 def _reason(cause: OSError) -> str:
     """The operating system's words for `cause` (not the message of a castore error that
-    wraps it, which would repeat its own advice)."""
+    wraps it, which would repeat its own advice): for one of castore's own, the reason it
+    gave (an S3 endpoint's answer, not the errno's POSIX words)."""
+    if isinstance(cause, EndpointAnswer):
+        return str(cause.strerror)
+    given = getattr(cause, "reason", None) if isinstance(cause, StoreIOError) else None
+    if isinstance(given, str):
+        return given
     return os.strerror(cause.errno) if cause.errno else str(cause)
 
 

@@ -33,6 +33,7 @@ import botocore.loaders
 import botocore.session
 
 from castore.errors import BucketNotFoundError, StoreIOError
+from castore.errors.storage import EndpointAnswer
 from castore.format.fastdecode import decode_json
 
 T = TypeVar("T")
@@ -373,7 +374,7 @@ def _io_error(where: str, operation: str, exc: BaseException, advice: str) -> St
     return StoreIOError(
         where,
         f"{operation} (S3)",
-        OSError(code, answer),
+        EndpointAnswer(code, answer),
         "nothing castore acknowledged is lost",
         advice,
     )
