@@ -137,6 +137,8 @@ class ObjectStore:
 
     def pending(self, object_id: str) -> bytes | None:
         """The bytes of an object put in this thread's open batch, not yet published."""
+        if not self.medium.batch_open():
+            return None  # the common case, asked many times a commit: no key to make
         return self.medium.pending(object_key(object_id))
 
     def _remember(self, object_id: str, data: bytes) -> None:
