@@ -381,5 +381,4 @@ def medium(server: Server, prefix: str = "store", *, seal_every: int = 4) -> S3M
     """A fresh S3 medium (its own client) on `server`, sealing every `seal_every` commits."""
     found = S3Medium(SimClient(server), prefix)
     found.seal_every = seal_every
-    found.parallel_reads = 1  # one thread: the harness schedules the actors it knows alone
     return found

@@ -48,9 +48,9 @@ class Fetched:
 
 
 def worth_it(slots: TaskSlots) -> bool:
-    """True where the medium takes many reads at once (S3: every read is a request to a
-    server, and many at once cost about one; Medium.parallel_reads)."""
-    return slots.medium.parallel_reads > 1
+    """True where a slot is its snapshot's only copy (S3): every read is a request to a
+    server, and many at once cost about one."""
+    return not slots.medium.aliases
 
 
 def fetch(
@@ -69,7 +69,7 @@ def fetch(
     if plan is not None:
         jobs.append((("plan", plan), lambda: check_plan_bytes(objects, slots.task_id, plan)))
     fetched = Fetched()
-    for key, value in run_all(jobs, min(WORKERS, slots.medium.parallel_reads)).items():
+    for key, value in run_all(jobs).items():
         if isinstance(key, int) and isinstance(value, bytes):
             fetched.slots[key] = value
         elif isinstance(key, str) and isinstance(value, bytes):
@@ -79,14 +79,12 @@ def fetch(
     return fetched
 
 
-def run_all(
-    jobs: list[tuple[object, Callable[[], object]]], workers: int = WORKERS
-) -> dict[object, object]:
-    """key -> result, for each (key, job) that succeeded; `workers` at a time."""
+def run_all(jobs: list[tuple[object, Callable[[], object]]]) -> dict[object, object]:
+    """key -> result, for each (key, job) that succeeded; `WORKERS` at a time."""
     if not jobs:
         return {}
     found: dict[object, object] = {}
-    with concurrent.futures.ThreadPoolExecutor(min(workers, len(jobs))) as pool:
+    with concurrent.futures.ThreadPoolExecutor(min(WORKERS, len(jobs))) as pool:
         futures = {pool.submit(job): key for key, job in jobs}
         for future in concurrent.futures.as_completed(futures):
             # A failed read is read again by the walk itself, which says what is wrong.

@@ -232,15 +232,13 @@ class Sealer:
     def seal_all(self) -> tuple[Sealed, list[str]]:
         """Packs for every snapshot of the tail, HEAD included, built in the caller's thread
         once the queued jobs are done: the anchor a SEAL commit after HEAD carries, and the
-        packs written for it that no commit names yet (a ready pack the new ones start from
-        included: the SEAL commit relies on it too, and stores it again if a gc took it)."""
+        packs written for it."""
         self.drain()
         with self._lock:
             if self.error is not None:
                 raise self.error
             pending, records = self._tail, self._records
             anchor, parent, lineage = self._anchor, self._parent, self._lineage
-            ready = [self._ready.pack] if self._ready is not None else []
             if self._ready is not None:
                 offset = self._ready.through - (anchor.through if anchor else -1)
                 pending, anchor, parent = pending[offset:], self._ready, pending[offset - 1]
@@ -258,7 +256,7 @@ class Sealer:
         if after is not None:
             with self._lock:
                 self._lineages[newest] = after
-        return newest, ready + written
+        return newest, written
 
     def _submit(self, job: Callable[[], None]) -> None:
         if self._thread is None:

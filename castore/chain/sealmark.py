@@ -135,10 +135,15 @@ class TaskMarks:
 
     def newest_generation(self) -> int | None:
         """The highest generation present (None: none), by the search HEAD lookup uses
-        (FORMAT.md 9.4), started from the newest one seen: usually one lookup."""
+        (FORMAT.md 9.4), started from the newest one seen: usually one lookup. The first
+        time, one listing of `marks/` where that costs less than the lookups (a medium
+        whose every lookup is a request, S3): a gap among the generations listed is damage."""
         exists = self._exists
         low = self._newest
         if low < 0:
+            listed = self._listed()
+            if listed is not None:
+                return listed
             if not exists(0):
                 return None
             low = 0
@@ -153,6 +158,26 @@ class TaskMarks:
                 high = middle
         self._newest = low
         return low
+
+    def _listed(self) -> int | None:
+        """The newest generation from one listing of `marks/` (None if the medium lists only
+        at a higher cost than its lookups, or there is none), checked for gaps."""
+        if self.medium.aliases:  # a local or network filesystem: lookups are cheap
+            return None
+        names = self.medium.names_if_small(self.directory)
+        if not names:
+            return None
+        numbers = sorted(n for n in map(layout.parse_slot_name, names) if n is not None)
+        if numbers != list(range(len(numbers))):
+            raise _damaged(
+                self.task_id,
+                self.medium.where(self.directory),
+                f"its generations are not numbered 0 to {len(numbers) - 1} without a gap",
+            )
+        if not numbers:
+            return None
+        self._newest = numbers[-1]
+        return self._newest
 
     def generation(self, number: int) -> Mark:
         """Generation `number`'s mark (ChainError if it is missing or damaged)."""

@@ -11,7 +11,7 @@ from castore.errors import (
     StoreIOError,
     TaskNotFoundError,
 )
-from castore.format import codec
+from castore.format import codec, layout
 from castore.format.layout import missing_seqs
 
 
@@ -31,9 +31,19 @@ def check_head_frame(slots: TaskSlots, data: bytes, seq: int) -> None:
 
 def head_and_contiguous(slots: TaskSlots, low: int) -> tuple[int, bytes]:
     """`read_head_slot`, with the slots from `low` (0, or above the sealed mark) to HEAD
-    checked for gaps (`check_contiguous`). (Finding HEAD on S3 by one listing that starts at
-    `low` was tried and taken back: the simulation's seeds lost a pack with it, for a reason
-    not found yet; HEAD is found by lookups, as everywhere.)"""
+    checked for gaps (`check_contiguous`). Where a listing that starts at `low` is one
+    request and every lookup another (S3, whose chain keeps every slot ever committed), HEAD
+    is the last of one such listing with no gap; any gap, or no slot `low`, and the search
+    and the check below decide, as they do elsewhere."""
+    if not slots.medium.aliases:
+        after = layout.slot_name(low - 1) if low > 0 else ""
+        listed = sorted(
+            seq
+            for seq in map(layout.parse_slot_name, slots.medium.names_after(slots.chain_key, after))
+            if seq is not None and seq >= low
+        )
+        if listed and listed == list(range(low, low + len(listed))):
+            return read_head_slot(slots, listed[-1])
     head_seq, slot_data = read_head_slot(slots)
     check_contiguous(slots, head_seq, low)
     return head_seq, slot_data

@@ -161,7 +161,7 @@ def _verify(
     # A power loss may have taken the object's name (v2, FORMAT.md §13 "A lost snapshot
     # name"): HEAD is then read from its slot, verified by its frame and links. Where the
     # slot is the snapshot's one copy (S3), its bytes are HEAD's already.
-    if not slots.medium.aliases:
+    if prefetch.worth_it(slots):
         data = slot_data
     else:
         data = _read_snapshot(objects, slots, head_id, head_seq)

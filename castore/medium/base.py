@@ -80,9 +80,6 @@ class Medium(abc.ABC):
     #: format's most (None: SEAL_EVERY). A resume reads every slot above the sealed mark, one
     #: request each where a read is a round trip (S3): a short tail keeps it a few reads.
     seal_every: int | None = None
-    #: how many reads a reader may have in flight at once on its own threads (a resume's
-    #: tail, pack and plan, castore.chain.prefetch): 1 where a read costs no round trip
-    parallel_reads: int = 1
     #: the store is a directory a filesystem observer (watchdog) can follow; False where a
     #: watcher sees commits only by listing (S3)
     file_events: bool = True

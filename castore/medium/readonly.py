@@ -32,7 +32,6 @@ class ReadOnlyMedium(Medium):
         self.keeps_retired = inner.keeps_retired
         self.directories = inner.directories
         self.seal_every = inner.seal_every
-        self.parallel_reads = inner.parallel_reads
         self.file_events = inner.file_events
         self.private_names = inner.private_names
 

@@ -72,7 +72,6 @@ class S3Medium(Medium):
     file_events = False
     private_names = frozenset({VERDICT_KEY, PROBE_KEY})
     seal_every = 64  # a resume GETs each slot above the mark: at most 64 round trips
-    parallel_reads = 32  # a resume's reads at once, on the client's pool of 64 connections
 
     def __init__(self, client: Client, prefix: str, *, lease_s: float | None = None) -> None:
         if lease_s is not None and not lease_s > 0:
