@@ -39,7 +39,7 @@ from castore.maintenance.fsck.tree import (
     walk_objects,
     walk_top,
 )
-from castore.maintenance.fsck.workers import THREADS, TaskContext, Workers
+from castore.maintenance.fsck.workers import TaskContext, Workers
 from castore.medium import oserrors
 from castore.medium.select import open_medium
 from castore.store import Store
@@ -115,16 +115,12 @@ def check_store(
         store = Store.unmarked(path)
     # Workers are forked on POSIX only: a forked S3 client would share its parent's
     # connections (and the work there is waiting on requests, not on the CPU).
-    # On S3 threads instead (`jobs` of them, THREADS by default), on the client's own
-    # connection pool: that many requests in flight at once.
-    threads = (jobs or THREADS) if store.medium.kind == "s3" else 0
     jobs = (jobs or os.cpu_count() or 1) if store.medium.kind == "posix" else 1
     for finding in _check(
         store,
         task=task,
         stuck_after=stuck_after,
         jobs=jobs,
-        threads=threads,
         progress=progress,
         tally=tally,
     ):
@@ -139,7 +135,6 @@ def _check(
     task: str | None,
     stuck_after: float,
     jobs: int,
-    threads: int,
     progress: Progress | None,
     tally: Summary,
 ) -> Iterator[Finding]:
@@ -151,7 +146,7 @@ def _check(
             named.append((name, task_id))
     medium = store.medium
     context = TaskContext(medium, int(time.time() * 1000), int(stuck_after * 1000))
-    with Workers(jobs, threads=threads) as pool:
+    with Workers(jobs) as pool:
         # The task pass starts first: the workers read every chain (and every snapshot object
         # through its slot, the same inode) while this process lists objects/.
         results = pool.tasks(context, named)

@@ -1,18 +1,14 @@
 """fsck's units of work, and the worker processes that run them: batches of tasks (the task
-pass), then batches of objects no chain covered (the direct checks). On S3, where a process
-is never forked (a forked client would share its parent's connections) and the work is
-waiting on requests, threads run them instead, on the client's own connection pool."""
+pass), then batches of objects no chain covered (the direct checks)."""
 
 from __future__ import annotations
 
 import functools
 from array import array
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Iterator
 from itertools import islice
 from typing import Any
 
-from castore import crashpoints
 from castore.format.model import attrs
 from castore.maintenance.forked import ForkedMap, may_fork
 from castore.maintenance.fsck.findings import Finding
@@ -22,9 +18,6 @@ from castore.maintenance.fsck.tasks import SlotCheck, TaskCheck
 from castore.medium.base import Medium
 
 BATCH = 500  # objects per unit of work of the direct checks
-THREAD_BATCH = 16  # objects per unit of work of a thread (S3): a request each
-TASKS_PER_THREAD = 8  # the fewest tasks a thread checks (S3)
-THREADS = 32  # threads of fsck on S3 by default: requests in flight on the client's pool
 PARALLEL_TASKS = 8  # below this a process pool costs more than it saves
 
 
@@ -112,11 +105,9 @@ class Workers:
     """Worker processes for the task pass and then for the objects it did not cover, each
     started only where there is enough work to pay for them (and `jobs` > 1)."""
 
-    def __init__(self, jobs: int, *, threads: int = 0) -> None:
+    def __init__(self, jobs: int) -> None:
         self._jobs = jobs
-        self._threads = threads  # > 1: threads instead of processes (S3), this many at once
         self._maps: list[ForkedMap[Any, Any]] = []
-        self._pools: list[ThreadPoolExecutor] = []
 
     def __enter__(self) -> Workers:
         return self
@@ -124,21 +115,9 @@ class Workers:
     def __exit__(self, *exc: object) -> None:
         for forked in self._maps:
             forked.close()
-        for pool in self._pools:
-            pool.shutdown(wait=True, cancel_futures=True)
 
     def tasks(self, context: TaskContext, named: list[tuple[str, str]]) -> Iterator[TaskResult]:
         """Results in task order; with workers, the work has started when this returns."""
-        if self._threads > 1 and len(named) >= 2 * TASKS_PER_THREAD:
-            # One batch a thread, each with its own named objects (a plan shared by every
-            # task, and each fan-out's listing, once per thread, as once per worker process):
-            # at least TASKS_PER_THREAD tasks a batch, so that is a small part of the work.
-            size = max(TASKS_PER_THREAD, -(-len(named) // self._threads))
-            batches = [named[i : i + size] for i in range(0, len(named), size)]
-            return self._threaded(
-                lambda batch: list(check_tasks(context, batch, NamedObjects(context.medium))),
-                batches,
-            )
         objects = NamedObjects(context.medium)
         if not self._worth_forking(len(named) >= PARALLEL_TASKS):
             return check_tasks(context, named, objects)
@@ -150,9 +129,6 @@ class Workers:
 
     def objects(self, medium: Medium, items: list[tuple[str, str]]) -> Iterator[ObjectReport]:
         """Reports of the objects at `items` (path, id), in that order."""
-        if self._threads > 1 and len(items) > 1:
-            batches = [items[i : i + THREAD_BATCH] for i in range(0, len(items), THREAD_BATCH)]
-            return self._threaded(functools.partial(check_batch, medium), batches)
         if not self._worth_forking(len(items) >= PARALLEL_OBJECTS):
             return iter(check_batch(medium, items))
         batches = [items[i : i + BATCH] for i in range(0, len(items), BATCH)]
@@ -160,26 +136,12 @@ class Workers:
         forked = self._started(ForkedMap(work, batches, self._jobs))
         return (report for batch in forked for report in batch)
 
-    def _threaded(self, work: Callable[[Any], list[Any]], batches: list[Any]) -> Iterator[Any]:
-        """`work` of each batch on the threads, started now; the results in batch order."""
-        pool = ThreadPoolExecutor(self._threads, thread_name_prefix="castore-fsck")
-        self._pools.append(pool)  # stopped on exit, however the caller leaves
-        futures = [pool.submit(work, batch) for batch in batches]
-        return _results(futures)
-
     def _worth_forking(self, enough_work: bool) -> bool:
         return enough_work and self._jobs > 1 and may_fork()
 
     def _started(self, forked: ForkedMap[Any, Any]) -> ForkedMap[Any, Any]:
         self._maps.append(forked)  # stopped on exit, however the caller leaves
         return forked
-
-
-def _results(futures: list[Future[list[Any]]]) -> Iterator[Any]:
-    for future in futures:
-        # A wait the interleaving scheduler sees (the threads are its actors too).
-        crashpoints.wait("fsck.threads", future.done)
-        yield from future.result()
 
 
 PARALLEL_OBJECTS = 200  # objects left to check directly; fewer are checked in this process
