@@ -165,14 +165,13 @@ class TaskSlots:
         seqs (the sealer holds them), not read back; whether the slot is still their object's
         file is asked all the same. Idempotent; returns how many slots it retired (0 on a
         medium that keeps retired slots: nothing is asked of it at all)."""
-        if self.medium.keeps_retired:
-            # S3: a retired slot keeps its key and bytes and has no object name of its own, so
-            # there is nothing to list, read or take away (the mark was the whole prune), and
-            # not even the mark is looked up again (a HEAD per seal).
-            return 0
         mark = self.mark()
         if mark is None or mark.through < through:
             raise ValueError(f"slots up to {through} of {self.task_id!r} are not marked sealed")
+        if self.medium.keeps_retired:
+            # S3: a retired slot keeps its key and bytes and has no object name of its own, so
+            # there is nothing to list, read or take away (the mark was the whole prune).
+            return 0
         objects: list[str] = []
         removed = 0
         known = known or {}
