@@ -2,7 +2,6 @@
 
     python tools/bench_s3.py --endpoint URL [--bucket NAME] [--rounds 3] [--commits 200]
                              [--agents 16] [--agent-commits 40] [--resume-steps 10000]
-                             [--large-steps 1000000]
 
 Credentials and region come the boto3 way (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
 AWS_DEFAULT_REGION, a profile); `--endpoint` is the S3 endpoint (AWS_ENDPOINT_URL_S3). A new
@@ -18,15 +17,6 @@ runs every part once, in the same order; a key is the median over rounds, and th
                   divided by the commits: s3_requests_per_commit (a plain step: 1)
   resume          Store.open + store.resume of a sealed task of --resume-steps steps (built
                   once, on the endpoint): s3_resume_10k_ms, s3_resume_requests
-  large           the same of a finished task of --large-steps steps: s3_resume_1m_ms (the
-                  key is named after the length: s3_resume_100k_ms for 100,000), with
-                  s3_resume_1m_requests. Committing a million steps one PUT at a time would
-                  take hours here (about 10 ms each), so the task is committed once per run
-                  to a store on a local directory (fsync off: nothing is measured there) and
-                  its keys copied to a store on the endpoint: the same store (FORMAT.md
-                  §19.3), sealed at the directory's cadence (4,096) where an S3 run's grows
-                  with the root of the history, and without the slots a directory prunes
-                  (S3 keeps them; no reader looks below the mark). 0 leaves it out.
   agents          --agents threads of one process, each committing --agent-commits steps to
                   its own task: s3_agents16_commits_per_s
   cost            s3_cost_per_1k_steps_usd: the requests of 1,000 plain steps at AWS S3
@@ -43,7 +33,6 @@ import os
 import secrets
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -54,7 +43,6 @@ import boto3
 
 import castore
 import castore.store
-from castore.format.layout import MARKER_KEY
 from castore.medium.s3 import S3Medium
 
 PUT_USD = 0.005 / 1000
@@ -72,7 +60,6 @@ def main() -> int:
     parser.add_argument("--agents", type=int, default=16)
     parser.add_argument("--agent-commits", type=int, default=40)
     parser.add_argument("--resume-steps", type=int, default=10_000)
-    parser.add_argument("--large-steps", type=int, default=1_000_000)
     args = parser.parse_args()
     if args.endpoint:
         os.environ["AWS_ENDPOINT_URL_S3"] = args.endpoint
@@ -81,16 +68,10 @@ def main() -> int:
         boto3.client("s3").create_bucket(Bucket=bucket)
     base = f"s3://{bucket}/bench-{secrets.token_hex(4)}"
     resume_url = build_sealed_task(f"{base}/resume", args.resume_steps)
-    large_url = copied_task(f"{base}/large", args.large_steps) if args.large_steps else None
     samples: dict[str, list[float]] = {}
     for round_ in range(args.rounds):
         where = f"{base}/r{round_}"
-        found = one_round(where, resume_url, args)
-        if large_url is not None:
-            name = length_key(args.large_steps)
-            took, sent = resume(large_url, args.large_steps)
-            found[f"s3_resume_{name}_ms"], found[f"s3_resume_{name}_requests"] = took, sent
-        for key, value in found.items():
+        for key, value in one_round(where, resume_url, args).items():
             samples.setdefault(key, []).append(value)
         print(f"round {round_ + 1}/{args.rounds} done", flush=True)
     print(f"{'part':<34}{'median':>12}{'min':>12}{'max':>12}")
@@ -163,48 +144,6 @@ def build_sealed_task(url: str, steps: int) -> str:
             run.commit_step(f"s{index}", index)
     took = time.perf_counter() - started
     print(f"resume task: {steps} steps committed to {url} in {took:.1f} s", flush=True)
-    return url
-
-
-def length_key(steps: int) -> str:
-    """1000000 -> 1m, 100000 -> 100k: the suffix of a key named after a length."""
-    for suffix, size in (("m", 1_000_000), ("k", 1000)):
-        if steps >= size and steps % size == 0:
-            return f"{steps // size}{suffix}"
-    return str(steps)
-
-
-def copied_task(url: str, steps: int) -> str:
-    """A store at `url` holding task "long" of `steps` plain steps, finished: committed to a
-    store on a local directory (fsync off), then every key of it copied to `url` (a store
-    made by Store.init there, so it has its endpoint's record and marker)."""
-    started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="castore-bench-s3-") as scratch:
-        local = castore.Store.init(Path(scratch) / "store")
-        plan = castore.Plan.build("long", *(f"s{i}" for i in range(steps)))
-        saved, os.fsync = os.fsync, lambda fd: None
-        try:
-            with local.start("long", plan, lock_timeout=None) as run:
-                for index in range(steps):
-                    run.commit_step(f"s{index}", index)
-        finally:
-            os.fsync = saved
-        built = time.perf_counter() - started
-        target = castore.Store.init(url).medium
-        assert isinstance(target, S3Medium)
-        root = Path(scratch) / "store"
-        copied = 0
-        for path in sorted(root.rglob("*")):
-            key = path.relative_to(root).as_posix()
-            if path.is_file() and key != MARKER_KEY:
-                target.create(key, path.read_bytes())
-                copied += 1
-    took = time.perf_counter() - started
-    print(
-        f"large task: {steps} steps committed locally in {built:.1f} s, {copied} keys copied "
-        f"to {url}; {took:.1f} s in all",
-        flush=True,
-    )
     return url
 
 
