@@ -15,17 +15,13 @@ from castore.chain.verify import decode_snapshot, verify_chain
 from castore.format import codec
 from castore.format.digest import hash_bytes
 from castore.format.records import Plan, Snapshot, snapshot_version
-from castore.maintenance.upgrade import write_marker
 
 EVERY = 8  # seal every 8 commits: many packs from short tasks
 
 
 def v2_store(root: str | os.PathLike[str]) -> castore.Store:
-    """A new store at `root`, format v2 (its marker replaced as a v2 castore would have
-    written it: these tests are about v2 packs, which every later castore must seal and read
-    as they are; tests/test_pack_history.py has the v3 ones)."""
-    write_marker(castore.Store.init(root).medium, 2)
-    store = castore.Store.open(root)
+    """A new store at `root`, format v2 (checked: these tests are about v2)."""
+    store = castore.Store.init(root)
     assert 2 == store.format_version
     return store
 

@@ -618,7 +618,7 @@ def craft(kind: bytes, body: bytes, version: bytes = b"1") -> bytes:
     ("code", "data"),
     [
         ("unknown-kind", craft(b"widget", b"{}")),
-        ("unknown-version", craft(b"blob", b"{}", version=b"4")),
+        ("unknown-version", craft(b"blob", b"{}", version=b"3")),
         ("bad-header", b"hello world\n"),
         ("bad-header", b"no newline at all"),
         ("undecodable", craft(b"blob", b"{x}")),
@@ -1800,7 +1800,7 @@ def test_quarantine_moves_damaged_objects_and_deletes_nothing(
     rewrite(world.obj(world.blob), lambda data: data[:-1])  # hash-mismatch
     rewrite(world.obj(snapshot_id), lambda data: data + b"x")  # slot and object: one inode
     widget = put_raw(world.store, craft(b"widget", b"{}"))  # unknown-kind
-    newer = put_raw(world.store, craft(b"blob", b"{}", version=b"4"))  # unknown-version: stays
+    newer = put_raw(world.store, craft(b"blob", b"{}", version=b"3"))  # unknown-version: stays
     world.obj(world.plans["shop/1"]).chmod(0o644)  # writable: a warning, stays
     damaged = {world.blob: "hash-mismatch", snapshot_id: "hash-mismatch", widget: "unknown-kind"}
     contents_before = regular_files(world.root)

@@ -333,7 +333,7 @@ def test_unknown_format_version_is_refused(store: castore.Store) -> None:
     before = tree_snapshot(store.root)
     with pytest.raises(castore.FormatVersionError) as caught:
         store.resume(TASK, PLAN)
-    assert (9, (1, 2, 3)) == (caught.value.found, caught.value.supported)
+    assert (9, (1, 2)) == (caught.value.found, caught.value.supported)
     assert "uses castore format version 9" in str(caught.value)
     assert forged == store.objects.path(forged).rsplit("/", 1)[-1]
     assert isinstance(caught.value, castore.CastoreError)

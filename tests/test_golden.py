@@ -36,7 +36,6 @@ make_golden = _load_tool()
 SETS = sorted(p.parent for p in GOLDEN.glob("v*/*/expected.json"))
 V1 = GOLDEN / "v1"
 V2 = GOLDEN / "v2"
-V3 = GOLDEN / "v3"  # packs that list the packs below them (issue 40)
 V2_DEV = GOLDEN / "v2-dev"  # written before format 2's revision (issue 23): the legacy mark
 
 
@@ -62,19 +61,6 @@ def test_the_v2_set_is_there() -> None:
     expected = {"clean"} | set(make_golden.DAMAGE) | set(make_golden.DAMAGE_V2)
     assert expected == {p.name for p in SETS if p.parent.name == "v2"}
     assert expected == {p.name for p in SETS if p.parent.name == "v2-dev"}
-
-
-def test_the_v3_set_is_there_and_its_packs_list_their_history(tmp_path: Path) -> None:
-    """The v3 set holds what the v2 set holds; its finished sealed task's newest pack is
-    framed as version 3 and lists the pack below it."""
-    expected = {"clean"} | set(make_golden.DAMAGE) | set(make_golden.DAMAGE_V2)
-    assert expected == {p.name for p in SETS if p.parent.name == "v3"}
-    store = castore.Store.open(materialize(V3 / "clean", tmp_path))
-    head = store.verify("sealed-finished").head
-    assert head.sealed is not None
-    pack = store.objects.read(head.sealed.pack)
-    assert pack.startswith(b"castore 3 pack ")
-    assert b'"history":{"clock":' in pack
 
 
 @pytest.mark.parametrize("golden", SETS, ids=lambda p: f"{p.parent.name}/{p.name}")
@@ -131,7 +117,7 @@ def test_a_copy_without_hard_links_is_not_the_store(tmp_path: Path) -> None:
     assert "hard-linked-object" not in {code for _, code, *_ in found["fsck"]["findings"]}
 
 
-@pytest.mark.parametrize("version", [1, 2, 3])
+@pytest.mark.parametrize("version", [1, 2])
 def test_set_regenerates_byte_for_byte(version: int, tmp_path: Path) -> None:
     """make_golden --version N writes the committed vN stores again, file for file, inode for
     inode: this castore writes a vN store exactly as castore did when the set was made."""
@@ -224,19 +210,19 @@ def _with_marker_version(root: Path, version: int) -> None:
 def test_an_unknown_marker_version_is_refused_in_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Marker version 4: open raises FormatVersionError; the CLI prints one line naming the
+    """Marker version 3: open raises FormatVersionError; the CLI prints one line naming the
     store, the version found and those supported, and says to upgrade castore; exit 2."""
     root = materialize(V1 / "clean", tmp_path)
-    _with_marker_version(root, 4)
+    _with_marker_version(root, 3)
     with pytest.raises(castore.FormatVersionError) as caught:
         castore.Store.open(root)
-    assert (4, codec.SUPPORTED_VERSIONS) == (caught.value.found, caught.value.supported)
+    assert (3, codec.SUPPORTED_VERSIONS) == (caught.value.found, caught.value.supported)
     for argv in (["status", "--store", str(root)], ["fsck", str(root)]):
         code, out, err = _cli(capsys, *argv)
         supported = ", ".join(map(str, codec.SUPPORTED_VERSIONS))
         assert (2, "", 1) == (code, out, err.count("\n"))
         assert str(root / "castore.json") in err
-        assert f"version 4; this castore reads {supported}. Upgrade castore" in err
+        assert f"version 3; this castore reads {supported}. Upgrade castore" in err
 
 
 def test_an_object_of_an_unknown_version_is_refused_not_corrupt(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ import castore.store
 from castore.chain.sealmark import started_by_mark
 from castore.errors import CastoreError
 from castore.format.layout import CHAIN_DIR, TASKS_DIR, decode_task_id
+from castore.format.records import Sealed, Snapshot
 
 PLAN = castore.Plan.build("plseal", *(f"s{i}" for i in range(7)))
 EVERY = 4
@@ -124,8 +125,14 @@ def test_self_test_pruning_before_a_commit_names_the_pack_is_caught(
     not name the pack, which the checker must report."""
     real_build = castore.chain.seal.Sealer._build
 
-    def eager(self: castore.chain.seal.Sealer, *args: object) -> None:
-        real_build(self, *args)  # type: ignore[arg-type]  # the real one's arguments
+    def eager(
+        self: castore.chain.seal.Sealer,
+        chunk: list[bytes],
+        records: list[Snapshot | None],
+        anchor: Sealed | None,
+        parent: bytes | None,
+    ) -> None:
+        real_build(self, chunk, records, anchor, parent)
         ready = self._ready
         assert ready is not None
         castore.chain.seal.prune(self._slots, ready)  # the protocol's order broken on purpose

@@ -40,7 +40,7 @@ def test_init_creates_marker_objects_and_tasks(tmp_path: Path) -> None:
     assert ["castore.json", "objects", "tasks"] == sorted(os.listdir(root))
     assert [] == os.listdir(root / "objects")
     assert [] == os.listdir(root / "tasks")
-    assert {"format": "castore", "version": 3} == json.loads((root / "castore.json").read_bytes())
+    assert {"format": "castore", "version": 2} == json.loads((root / "castore.json").read_bytes())
     assert str(root) == castore.Store.open(root).root
 
 
@@ -94,7 +94,7 @@ def test_open_of_a_non_store_raises_store_not_found(tmp_path: Path, what: str) -
     assert str(root) in str(caught.value)
 
 
-@pytest.mark.parametrize("version", [99, 0, 4, "1", None, True, 2.0])
+@pytest.mark.parametrize("version", [99, 0, 3, "1", None, True, 2.0])
 def test_open_refuses_an_unknown_format_version(store: castore.Store, version: object) -> None:
     """A marker of a format version this castore does not know raises FormatVersionError."""
     marker = Path(store.layout.marker)
@@ -480,16 +480,14 @@ def test_two_runs_committing_identical_bytes_still_have_one_winner(tmp_path: Pat
     second.close()
 
 
-def test_a_v1_store_opens_as_format_1_and_a_new_store_is_format_3(tmp_path: Path) -> None:
-    """A v1 or v2 marker still opens (castore reads and writes it as that version); init
-    writes format 3."""
+def test_a_v1_store_opens_as_format_1_and_a_new_store_is_format_2(tmp_path: Path) -> None:
+    """A v1 marker still opens (castore reads and writes it as v1); init writes format 2."""
     store = castore.Store.init(tmp_path / "new")
-    assert 3 == store.format_version
+    assert 2 == store.format_version
     marker = Path(store.layout.marker)
-    for version in (1, 2):
-        marker.unlink()
-        marker.write_bytes(b'{"format":"castore","version":%d}\n' % version)
-        assert version == castore.Store.open(store.root).format_version
+    marker.unlink()
+    marker.write_bytes(b'{"format":"castore","version":1}\n')
+    assert 1 == castore.Store.open(store.root).format_version
 
 
 def test_pending_needs_each_step_committed_before_the_next(store: castore.Store) -> None:

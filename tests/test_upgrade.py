@@ -1,4 +1,4 @@
-"""`castore upgrade`: a v1 store checked as fsck does, then made v3 by one atomic marker
+"""`castore upgrade`: a v1 store checked as fsck does, then made v2 by one atomic marker
 replace; refused when damaged, resumable after a kill at any step, safe beside a writer."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from castore import crashpoints
 from castore.maintenance.upgrade import TARGET_VERSION, upgrade
 
 V1_MARKER = b'{"format":"castore","version":1}\n'
-V2_MARKER = b'{"format":"castore","version":3}\n'  # the marker an upgrade writes (format 3)
+V2_MARKER = b'{"format":"castore","version":2}\n'
 DAMAGED = sorted(p.name for p in V1.glob("damaged-*") if p.name != "damaged-bad-marker-version")
 
 
@@ -59,12 +59,12 @@ def _recorded() -> dict[str, dict[str, Any]]:
 
 
 def test_upgrade_makes_a_clean_v1_store_v2_and_it_resumes_as_before(tmp_path: Path) -> None:
-    """The marker becomes version 3 (its only write without a seal), no object is rewritten,
-    every task resumes where it stood, and the store reads as format 3."""
+    """The marker becomes version 2 (its only write without a seal), no object is rewritten,
+    every task resumes where it stood, and the store reads as format 2."""
     root = _clean(tmp_path)
     before = _files(root)
     report = upgrade(root)
-    assert (1, 3, True, False, 0) == (
+    assert (1, 2, True, False, 0) == (
         report.from_version,
         report.to_version,
         report.marker_written,
@@ -72,7 +72,7 @@ def test_upgrade_makes_a_clean_v1_store_v2_and_it_resumes_as_before(tmp_path: Pa
         report.exit_status,
     )
     assert V2_MARKER == (root / "castore.json").read_bytes()
-    assert 3 == castore.Store.open(root).format_version
+    assert 2 == castore.Store.open(root).format_version
     after = _files(root)
     kept = {path: data for path, data in after.items() if path in before}
     # No file is rewritten; sealing adds packs, marks and SEAL slots, and prunes the slots
@@ -84,11 +84,11 @@ def test_upgrade_makes_a_clean_v1_store_v2_and_it_resumes_as_before(tmp_path: Pa
 
 
 def test_upgrade_again_finishes_nothing_more(tmp_path: Path) -> None:
-    """A second upgrade finds format 3, writes no marker and succeeds (a re-run is safe)."""
+    """A second upgrade finds format 2, writes no marker and succeeds (a re-run is safe)."""
     root = _clean(tmp_path)
     upgrade(root)
     report = upgrade(root)
-    assert (3, False, 0) == (report.from_version, report.marker_written, report.exit_status)
+    assert (2, False, 0) == (report.from_version, report.marker_written, report.exit_status)
     assert V2_MARKER == (root / "castore.json").read_bytes()
 
 
@@ -126,7 +126,7 @@ def test_dry_run_checks_and_writes_nothing(
     before = tree_snapshot(root)
     code, out, _ = cli(capsys, "upgrade", str(root), "--dry-run")
     assert 0 == code
-    assert "can be upgraded to format 3 (dry run: nothing written)" in out.splitlines()[-1]
+    assert "can be upgraded to format 2 (dry run: nothing written)" in out.splitlines()[-1]
     assert before == tree_snapshot(root)
 
 
@@ -144,7 +144,7 @@ def test_text_output_is_fsck_lines_then_one_verdict(
         if not line.startswith("warning: seal")
     ]
     assert lines[-1].startswith("checked 39 object(s) and 9 task(s): 0 error(s), 2 warning(s); ")
-    assert f"upgraded {root} from format 1 to format 3" in lines[-1]
+    assert f"upgraded {root} from format 1 to format 2" in lines[-1]
 
 
 def test_damaged_store_text_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -195,7 +195,7 @@ KILLS = {
 @pytest.mark.parametrize("point", sorted(KILLS))
 def test_a_kill_at_each_step_leaves_a_store_a_rerun_finishes(point: str, tmp_path: Path) -> None:
     """SIGKILL at a step: the store reads (either format), fsck finds no error, and running
-    upgrade again finishes it: format 3, every task where it stood."""
+    upgrade again finishes it: format 2, every task where it stood."""
     root = _clean(tmp_path)
     killed = _upgrade_process(root, point)
     assert -signal.SIGKILL == killed.returncode, killed.stderr

@@ -1,6 +1,6 @@
 """Build the golden stores of tests/golden/: stores written by this castore, kept forever.
 
-    python tools/make_golden.py --version {1,2,3} [--out DIR]
+    python tools/make_golden.py --version {1,2} [--out DIR]
 
 writes DIR/v<N>/<name>/ (default DIR: tests/golden) for every store of the set: `store/`, the
 store's files as git can hold them; `manifest.json`, what git cannot hold (empty directories,
@@ -566,7 +566,7 @@ def _write_json(path: Path, value: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--version", type=int, choices=(1, 2, 3), required=True)
+    parser.add_argument("--version", type=int, choices=(1, 2), required=True)
     parser.add_argument("--out", type=Path, default=GOLDEN)
     args = parser.parse_args(argv)
     for golden in build_set(args.out, args.version):

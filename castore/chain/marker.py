@@ -83,8 +83,8 @@ def no_marker(medium: Medium, empty: str) -> StoreNotFoundError:
             f"{what}, but objects/ holds {objects} file(s) and tasks/ {tasks} task(s): "
             "the marker was deleted or damaged",
             "if this is a castore store, restore castore.json from a backup (its 33 bytes "
-            'are {"format":"castore","version":3} and a newline, or 2 or 1 for an older '
-            "store, docs/FORMAT.md §3), then "
+            'are {"format":"castore","version":2} and a newline, or 1 for a store older '
+            "than castore 0.2, docs/FORMAT.md §3), then "
             f"run `castore fsck {root}`; `castore fsck` shows what is there meanwhile",
         )
     return StoreNotFoundError(

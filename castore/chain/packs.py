@@ -18,8 +18,6 @@ import zlib
 from collections.abc import Sequence
 from typing import Any
 
-from castore.chain import packhistory
-from castore.chain.packhistory import Lineage, PackHistory
 from castore.errors import ChainError, ObjectCorruptError
 from castore.format import codec, limits
 from castore.format.digest import hash_bytes
@@ -27,11 +25,10 @@ from castore.format.effects import ChainClock
 from castore.format.layout import validate_object_id
 from castore.format.links import check_anchor, check_history, check_link, decode_snapshot
 from castore.format.model import attrs
-from castore.format.records import OMIT_IF_NONE, EffectState, Snapshot, TransitionKind
+from castore.format.records import EffectState, Snapshot, TransitionKind
 
 KIND = "pack"
 VERSION = 2  # packs exist only in format v2: a v1 reader refuses them by their header
-HISTORY_VERSION = 3  # a pack that lists the packs below it (format v3): a v2 reader refuses it
 MAX_SNAPSHOTS = 4096  # the most snapshots one pack holds (SEAL_EVERY)
 COMPRESSION = "zlib"
 _LEVEL = 6
@@ -57,8 +54,6 @@ class PackHeader:
     data_size: int
     raw_size: int
     compression: str
-    # v3: the packs below this one, listed (packhistory.py); left out of a v2 pack's header.
-    history: PackHistory | None = attrs.field(default=None, metadata={OMIT_IF_NONE: True})
 
     @property
     def count(self) -> int:
@@ -87,22 +82,7 @@ def build(
     prev: str | None,
     parent: bytes | None,
     encoded: Sequence[Snapshot | None] = (),
-    lineage: Lineage | None = None,
 ) -> bytes:
-    """`build_with_header`'s bytes."""
-    return build_with_header(snapshots, prev=prev, parent=parent, encoded=encoded, lineage=lineage)[
-        0
-    ]
-
-
-def build_with_header(
-    snapshots: Sequence[bytes],
-    *,
-    prev: str | None,
-    parent: bytes | None,
-    encoded: Sequence[Snapshot | None] = (),
-    lineage: Lineage | None = None,
-) -> tuple[bytes, PackHeader]:
     """The framed bytes of the pack holding `snapshots` (framed, oldest first, at most
     MAX_SNAPSHOTS). `prev` is the pack holding the first one's parent and `parent` that
     parent's framed bytes (both None when the first is sequence 0). Every link is checked as
@@ -111,10 +91,7 @@ def build_with_header(
     `encoded`, if given, runs beside `snapshots`: the record a snapshot's bytes were encoded
     from in this process (the writer's own commits), or None (bytes read back: decoded here).
     A record stands for its bytes in the checks, which compare ids, numbers, enums and
-    strings only (a result, the one free-form field, is never compared).
-
-    `lineage` (format v3 only): the packs below this one, listed in its header (a v3 pack);
-    None writes a v2 pack. Returns the bytes and the header they open with."""
+    strings only (a result, the one free-form field, is never compared)."""
     if not 1 <= len(snapshots) <= MAX_SNAPSHOTS:
         raise ValueError(f"a pack holds 1 to {MAX_SNAPSHOTS} snapshots, not {len(snapshots)}")
     if encoded and len(encoded) != len(snapshots):
@@ -166,19 +143,9 @@ def build_with_header(
         data_size=len(data),
         raw_size=len(raw),
         compression=COMPRESSION,
-        history=None if lineage is None else lineage.history(records[0].plan),
     )
-    if header.history is not None:
-        packhistory.check(
-            header.history,
-            first_seq=first_seq,
-            prev=prev,
-            first_parent=header.first_parent,
-            corrupt=lambda reason: ObjectCorruptError("?", "a pack being built", reason),
-        )
     line = codec.encode_value(codec.to_builtins(header)) + b"\n"
-    version = VERSION if lineage is None else HISTORY_VERSION
-    return codec.frame(KIND, line + snapshots[-1] + index_bytes + data, version), header
+    return codec.frame(KIND, line + snapshots[-1] + index_bytes + data, VERSION)
 
 
 def _check_range(
@@ -324,23 +291,12 @@ def parse(pack_id: str, data: bytes, path: str = "") -> Pack:
         kind, body = codec.unframe(data, where)
     except codec.FrameError as exc:
         raise corrupt(exc.reason) from None
-    version = data[8:10]
-    if kind != KIND or version not in (b"%d " % VERSION, b"%d " % HISTORY_VERSION):
+    if kind != KIND or not data.startswith(b"castore %d " % VERSION):
         raise corrupt(f"a version-{data[8:9].decode('ascii', 'replace')} {kind}, not a pack")
     newline = body.find(b"\n")
     if newline < 0:
         raise corrupt("no header line")
     header = _header(body[:newline], corrupt)
-    if (header.history is not None) != (version == b"%d " % HISTORY_VERSION):
-        raise corrupt("a version-3 pack lists its history, a version-2 pack does not")
-    if header.history is not None:
-        packhistory.check(
-            header.history,
-            first_seq=header.first_seq,
-            prev=header.prev,
-            first_parent=header.first_parent,
-            corrupt=corrupt,
-        )
     expected = newline + 1 + header.last_size + header.index_size + header.data_size
     if expected != len(body):
         raise corrupt(f"its sections add up to {expected} bytes, its body has {len(body)}")

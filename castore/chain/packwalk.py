@@ -1,12 +1,11 @@
 """Verifying a task's sealed history: from the anchor its tail ends at, pack by pack via `prev`
-down to sequence 0, or (a v3 pack, which lists the packs below it) in that one pack
-(docs/FORMAT.md 11.2).
+down to sequence 0 (docs/FORMAT.md 11.2).
 
 Each pack is read by the id a verified snapshot (or a verified pack's `prev`) names, so its
 hash proves its bytes are the ones its sealer checked link by link. What is checked here is
 how the packs fit: the task, the sequence ranges, each pack's last id against the parent its
 successor names, the link rules between the newest pack's last snapshot and the tail, and
-every anchor the tail names being one of the packs walked (or listed).
+every anchor the tail names being one of the packs walked.
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ from __future__ import annotations
 from castore.chain import packs
 from castore.chain.objects import ObjectStore
 from castore.chain.outcomes import PackRef
-from castore.chain.packhistory import Lineage, PackEntry, PackHistory, merge_clocks
 from castore.errors import CastoreError, ChainError, FormatVersionError, StoreIOError
 from castore.format.digest import hash_bytes
 from castore.format.effects import ChainClock
@@ -32,28 +30,27 @@ class SealedHistory:
     packs: tuple[PackRef, ...]
     clock: ChainClock
     last_bytes: bytes
-    lineage: Lineage  # what a v3 writer lists in the next pack it seals
 
 
-__all__ = ["SealedHistory", "merge_clocks", "read_pack", "verify_sealed"]
+def merge_clocks(newer: ChainClock, older: ChainClock) -> ChainClock:
+    """The clock of two adjacent ranges, as one newest-first walk over both would compute it
+    (on a tie the newer range's snapshot is the one named)."""
+    clock = newer
+    if older.latest_ms is not None and (
+        clock.latest_ms is None or older.latest_ms > clock.latest_ms
+    ):
+        clock = attrs.evolve(clock, latest_ms=older.latest_ms, latest_seq=older.latest_seq)
+    if older.backwards_ms > clock.backwards_ms:
+        clock = attrs.evolve(
+            clock, backwards_ms=older.backwards_ms, backwards_seq=older.backwards_seq
+        )
+    return clock
 
 
-def entry_of(pack: packs.Pack) -> PackEntry:
-    """`pack` as the history of a later v3 pack lists it."""
-    header = pack.header
-    return PackEntry(pack.id, header.first_seq, header.last_seq, header.last_id)
-
-
-def read_pack(
-    objects: ObjectStore, task_id: str, pack_id: str, fetched: dict[str, bytes] | None = None
-) -> packs.Pack:
-    """A pack by its id, hash-checked and parsed; ChainError naming it if it does not hold.
-    `fetched`: bytes read ahead by id, used only if they hash to `pack_id`."""
-    data = fetched.pop(pack_id, None) if fetched is not None else None
-    if data is not None and hash_bytes(data) != pack_id:
-        data = None  # read it again, as any read of damaged bytes is
+def read_pack(objects: ObjectStore, task_id: str, pack_id: str) -> packs.Pack:
+    """A pack by its id, hash-checked and parsed; ChainError naming it if it does not hold."""
     try:
-        return packs.parse(pack_id, data or objects.read(pack_id), objects.path(pack_id))
+        return packs.parse(pack_id, objects.read(pack_id), objects.path(pack_id))
     except (FormatVersionError, StoreIOError):
         raise
     except CastoreError as exc:
@@ -68,12 +65,11 @@ def verify_sealed(
     *,
     clock: ChainClock,
     named: set[Sealed],
-    fetched: dict[str, bytes] | None = None,
 ) -> SealedHistory:
     """The packs below the tail whose oldest snapshot is `oldest` (id, record) and whose
     anchor is `anchor`; `clock` is the tail's; `named` are the anchors the tail carries,
-    each of which must be a pack of this history; `fetched`: packs read ahead, by id."""
-    pack = read_pack(objects, task_id, anchor.pack, fetched)
+    each of which must be a pack of this history."""
+    pack = read_pack(objects, task_id, anchor.pack)
     header = pack.header
     oldest_id, child = oldest
     if header.task != task_id or header.last_seq != anchor.through:
@@ -97,68 +93,22 @@ def verify_sealed(
     check_anchor(task_id, pack.last, child, oldest_id)
     clock = clock.linked(pack.last.time_ms, child.seq, child.time_ms)
     last_bytes = pack.last_bytes()
-    named = set(named)
-    if pack.header.history is not None:
-        return _listed(task_id, pack, pack.header.history, clock, named)
     found: list[PackRef] = []
     walked: set[Sealed] = set()
-    entries: list[PackEntry] = []
-    packs_clock = ChainClock()
+    named = set(named)
     while True:
         header = pack.header
         found.append(PackRef(pack.id, header.first_seq, header.last_seq))
         walked.add(Sealed(pack.id, header.last_seq))
-        entries.append(entry_of(pack))
         if pack.last.sealed is not None:
             named.add(pack.last.sealed)
         clock = merge_clocks(clock, header.clock)
-        packs_clock = merge_clocks(packs_clock, header.clock)
         if header.prev is None:
             break
         older = read_pack(objects, task_id, header.prev)
         _check_adjacent(task_id, older, pack)
         pack = older
     root_plan = _check_root(task_id, pack)
-    _check_named(task_id, named, walked)
-    lineage = Lineage(root_plan, packs_clock, tuple(reversed(entries)))
-    return SealedHistory(root_plan, tuple(found), clock, last_bytes, lineage)
-
-
-def _listed(
-    task_id: str,
-    pack: packs.Pack,
-    history: PackHistory,
-    clock: ChainClock,
-    named: set[Sealed],
-) -> SealedHistory:
-    """The sealed history of a v3 anchor pack, from the list in its header: packs.parse
-    checked that the list runs from sequence 0 to the pack's first, and the pack's hash,
-    named by a verified anchor, vouches for the list as for the pack's own data (its writer
-    listed the packs it verified or built). The packs listed are read when a step they hold
-    is looked up, and hash-checked then."""
-    header = pack.header
-    entries = (*history.packs, entry_of(pack))
-    walked = {Sealed(entry.id, entry.last_seq) for entry in entries}
-    if pack.last.sealed is not None:
-        named.add(pack.last.sealed)
-    _check_named(task_id, named, walked)
-    root_plan = _check_root(task_id, pack) if header.first_seq == 0 else history.root_plan
-    if root_plan != history.root_plan:
-        raise ChainError(
-            task_id,
-            f"pack {pack.id} lists plan root {history.root_plan}, but its first snapshot "
-            f"names {root_plan}",
-            object_id=pack.id,
-        )
-    packs_clock = merge_clocks(header.clock, history.clock)
-    found = tuple(PackRef(e.id, e.first_seq, e.last_seq) for e in reversed(entries))
-    lineage = Lineage(root_plan, packs_clock, entries)
-    clock = merge_clocks(clock, packs_clock)
-    return SealedHistory(root_plan, found, clock, pack.last_bytes(), lineage)
-
-
-def _check_named(task_id: str, named: set[Sealed], walked: set[Sealed]) -> None:
-    """Every anchor the tail and the packs' last snapshots carry names a pack of this history."""
     stray = sorted(named - walked, key=lambda sealed: sealed.through)
     if stray:
         raise ChainError(
@@ -167,6 +117,7 @@ def _check_named(task_id: str, named: set[Sealed], walked: set[Sealed]) -> None:
             "one of the packs of this task's sealed history",
             object_id=stray[0].pack,
         )
+    return SealedHistory(root_plan, tuple(found), clock, last_bytes)
 
 
 def _check_adjacent(task_id: str, older: packs.Pack, newer: packs.Pack) -> None:

@@ -16,7 +16,6 @@ task with sealed history gets one SEAL commit that seals everything before it.
 
 from __future__ import annotations
 
-import math
 import queue
 import threading
 from collections.abc import Callable
@@ -24,7 +23,6 @@ from collections.abc import Callable
 from castore import crashpoints
 from castore.chain import packs
 from castore.chain.objects import ObjectStore
-from castore.chain.packhistory import Lineage, PackEntry
 from castore.chain.prune import prune  # callers keep seal.prune
 from castore.chain.refs import TaskSlots
 from castore.errors import CastoreError, UsageError
@@ -53,33 +51,13 @@ def build_packs(
     *,
     every: int = SEAL_EVERY,
     records: list[Snapshot | None] | None = None,
-    lineage: Lineage | None = None,
 ) -> tuple[Sealed, list[str]]:
-    """`build_lineage`'s anchor and packs, without the lineage."""
-    newest, written, _ = build_lineage(
-        objects, framed, anchor, parent, every=every, records=records, lineage=lineage
-    )
-    return newest, written
-
-
-def build_lineage(
-    objects: ObjectStore,
-    framed: list[bytes],
-    anchor: Sealed | None,
-    parent: bytes | None,
-    *,
-    every: int = SEAL_EVERY,
-    records: list[Snapshot | None] | None = None,
-    lineage: Lineage | None = None,
-) -> tuple[Sealed, list[str], Lineage | None]:
     """Publish packs for `framed` (the snapshots just past `anchor`, oldest first; `parent`
     the bytes of the anchor's last snapshot), at most `every` per pack, chained by prev.
     `records`, if given, runs beside `framed`: the record each was encoded from in this
-    process, or None (packs.build). `lineage` (a v3 store): the packs up to `anchor`, which
-    each new pack lists (packhistory.py); None writes v2 packs. Returns the anchor naming the
-    newest, the ids written and the lineage after them. Each pack is durable before this
-    returns (inside a batch: before the commit that names it links its slot, which publishes
-    the batch first), so a commit may name it."""
+    process, or None (packs.build). Returns the anchor naming the newest and the ids
+    written. Each pack is durable before this returns (inside a batch: before the commit
+    that names it links its slot, which publishes the batch first), so a commit may name it."""
     if not framed:
         raise UsageError("nothing to seal")
     written: list[str] = []
@@ -90,25 +68,12 @@ def build_lineage(
         encoded = records[start : start + every] if records is not None else ()
         # Remembered: the commit that names it holds its bytes, to store it again if a gc
         # removed it meanwhile (refs.py, the gc handshake).
-        built, header = packs.build_with_header(
-            chunk, prev=prev, parent=parent, encoded=encoded, lineage=lineage
-        )
+        built = packs.build(chunk, prev=prev, parent=parent, encoded=encoded)
         pack_id = objects.put_framed(built)
         crashpoints.reach("seal.pack_written")
         written.append(pack_id)
-        if lineage is not None and header.history is not None:
-            entry = PackEntry(pack_id, header.first_seq, header.last_seq, header.last_id)
-            lineage = lineage.after(entry, header.clock, header.history.root_plan)
         prev, parent, through = pack_id, chunk[-1], through + len(chunk)
-    return Sealed(written[-1], through), written, lineage
-
-
-def cadence(every: int, sealed: int) -> int:
-    """How many snapshots a v3 run's next pack holds, `sealed` being sealed already: `every`
-    (the medium's), growing as the square root of the history up to a pack's most, so that a
-    long task's packs (each listed in the next one's header) number about twice the root of
-    its length, and its tail stays at most about that root."""
-    return max(every, min(packs.MAX_SNAPSHOTS, math.isqrt(sealed)))
+    return Sealed(written[-1], through), written
 
 
 class Sealer:
@@ -126,7 +91,6 @@ class Sealer:
         anchor: Sealed | None,
         sealed_last: bytes | None,
         every: int = SEAL_EVERY,
-        lineage: Lineage | None = None,
     ) -> None:
         self._objects = objects
         self._slots = slots
@@ -140,10 +104,6 @@ class Sealer:
         self._records: list[Snapshot | None] = [None] * len(self._tail)
         self._anchor = anchor
         self._parent = sealed_last
-        # A v3 store's runs list every older pack in each new one (None: v2 packs); the
-        # lineage of each anchor this run built waits here until a commit names it.
-        self._lineage = lineage
-        self._lineages: dict[Sealed, Lineage] = {}
         self._building = False
         self._ready: Sealed | None = None  # published, no commit names it yet
         self.error: CastoreError | OSError | None = None
@@ -187,19 +147,12 @@ class Sealer:
                 self._adopt(anchor)
             if self._building or self._ready is not None or self.error is not None:
                 return
-            every = self._cadence()
-            if len(self._tail) < every:
+            if len(self._tail) < self._every:
                 return
             self._building = True
-            chunk, records = self._tail[:every], self._records[:every]
-            anchor_now, parent, lineage = self._anchor, self._parent, self._lineage
-        self._submit(lambda: self._build(chunk, records, anchor_now, parent, lineage))
-
-    def _cadence(self) -> int:
-        """The size of the next pack: the medium's `every`, or, in a v3 store, `cadence`."""
-        if self._lineage is None:
-            return self._every
-        return cadence(self._every, self._anchor.through + 1 if self._anchor else 0)
+            chunk, records = self._tail[: self._every], self._records[: self._every]
+            anchor_now, parent = self._anchor, self._parent
+        self._submit(lambda: self._build(chunk, records, anchor_now, parent))
 
     def _adopt(self, anchor: Sealed) -> None:
         """A durable commit carries `anchor`: what it seals leaves memory and is pruned."""
@@ -208,7 +161,6 @@ class Sealer:
         sealed, self._tail = self._tail[:count], self._tail[count:]
         del self._records[:count]
         self._parent, self._anchor, self._ready = sealed[-1], anchor, None
-        self._lineage = self._lineages.pop(anchor, self._lineage)
         # The run committed these bytes: pruning need not read 4,096 slots back to name them.
         known = dict(enumerate(sealed, start=first))
         self._submit(lambda: prune(self._slots, anchor, known))
@@ -219,15 +171,12 @@ class Sealer:
         records: list[Snapshot | None],
         anchor: Sealed | None,
         parent: bytes | None,
-        lineage: Lineage | None,
     ) -> None:
-        newest, _, after = build_lineage(
-            self._objects, chunk, anchor, parent, every=len(chunk), records=records, lineage=lineage
+        newest, _ = build_packs(
+            self._objects, chunk, anchor, parent, every=self._every, records=records
         )
         with self._lock:
             self._ready, self._building = newest, False
-            if after is not None:
-                self._lineages[newest] = after
 
     def seal_all(self) -> tuple[Sealed, list[str]]:
         """Packs for every snapshot of the tail, HEAD included, built in the caller's thread
@@ -238,25 +187,18 @@ class Sealer:
             if self.error is not None:
                 raise self.error
             pending, records = self._tail, self._records
-            anchor, parent, lineage = self._anchor, self._parent, self._lineage
+            anchor, parent = self._anchor, self._parent
             if self._ready is not None:
                 offset = self._ready.through - (anchor.through if anchor else -1)
                 pending, anchor, parent = pending[offset:], self._ready, pending[offset - 1]
                 records = records[offset:]
-                lineage = self._lineages.get(self._ready, lineage)
         if not pending:  # a ready pack holds HEAD already
             if anchor is None:
                 raise UsageError(f"task {self._slots.task_id!r}: nothing to seal")
             return anchor, []
-        # A v3 history is sealed whole in the fewest packs; a v2 one as it always was.
-        every = self._every if lineage is None else packs.MAX_SNAPSHOTS
-        newest, written, after = build_lineage(
-            self._objects, pending, anchor, parent, every=every, records=records, lineage=lineage
+        return build_packs(
+            self._objects, pending, anchor, parent, every=self._every, records=records
         )
-        if after is not None:
-            with self._lock:
-                self._lineages[newest] = after
-        return newest, written
 
     def _submit(self, job: Callable[[], None]) -> None:
         if self._thread is None:

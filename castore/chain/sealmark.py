@@ -135,15 +135,10 @@ class TaskMarks:
 
     def newest_generation(self) -> int | None:
         """The highest generation present (None: none), by the search HEAD lookup uses
-        (FORMAT.md 9.4), started from the newest one seen: usually one lookup. The first
-        time, one listing of `marks/` where that costs less than the lookups (a medium
-        whose every lookup is a request, S3): a gap among the generations listed is damage."""
+        (FORMAT.md 9.4), started from the newest one seen: usually one lookup."""
         exists = self._exists
         low = self._newest
         if low < 0:
-            listed = self._listed()
-            if listed is not None:
-                return listed
             if not exists(0):
                 return None
             low = 0
@@ -158,26 +153,6 @@ class TaskMarks:
                 high = middle
         self._newest = low
         return low
-
-    def _listed(self) -> int | None:
-        """The newest generation from one listing of `marks/` (None if the medium lists only
-        at a higher cost than its lookups, or there is none), checked for gaps."""
-        if self.medium.aliases:  # a local or network filesystem: lookups are cheap
-            return None
-        names = self.medium.names_if_small(self.directory)
-        if not names:
-            return None
-        numbers = sorted(n for n in map(layout.parse_slot_name, names) if n is not None)
-        if numbers != list(range(len(numbers))):
-            raise _damaged(
-                self.task_id,
-                self.medium.where(self.directory),
-                f"its generations are not numbered 0 to {len(numbers) - 1} without a gap",
-            )
-        if not numbers:
-            return None
-        self._newest = numbers[-1]
-        return self._newest
 
     def generation(self, number: int) -> Mark:
         """Generation `number`'s mark (ChainError if it is missing or damaged)."""
@@ -201,12 +176,8 @@ class TaskMarks:
         """Move the mark to at least `want` (the caller knows a durable commit allows it):
         create the next generation if the mark is behind `want`, never overwrite one. Returns
         the mark now, which is `want` or one already past it."""
-        known = self._newest if self._newest in self._read else None
         for _ in range(_ADVANCE_TRIES):
-            # The newest generation this writer read or wrote stands for the mark until an
-            # exclusive create says a newer one exists: then it is looked up again.
-            number = known if known is not None else self.newest_generation()
-            known = None
+            number = self.newest_generation()
             mark = newer(self.legacy(), None if number is None else self.generation(number))
             if mark is not None and mark.through >= want.through:
                 return mark

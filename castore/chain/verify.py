@@ -5,27 +5,25 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from castore.chain import prefetch
 from castore.chain.objects import ObjectStore
 from castore.chain.outcomes import Outcome, Outcomes, PackRef, outcome_of
-from castore.chain.packhistory import Lineage
 from castore.chain.packwalk import verify_sealed
 from castore.chain.planread import check_plan_bytes, read_plan
 from castore.chain.refs import TaskSlots
-from castore.chain.slotscan import head_and_contiguous
-from castore.chain.slotscan import read_head_slot as _read_head_slot
 from castore.chain.snapshotread import read_snapshot
 from castore.errors import (
     CastoreError,
     ChainError,
     FormatVersionError,
     StoreIOError,
+    TaskNotFoundError,
     UnknownVersionError,
 )
 from castore.format import codec
 from castore.format.digest import hash_bytes
 from castore.format.effects import ChainClock
 from castore.format.fastdecode import decode_canonical
+from castore.format.layout import missing_seqs
 from castore.format.links import check_anchor
 from castore.format.links import check_history as _check_history
 from castore.format.links import check_link as _check_link
@@ -53,8 +51,6 @@ class VerifiedChain:
     # and the newest pack's last snapshot, the parent of the tail's oldest.
     tail: tuple[bytes, ...] = ()
     sealed_last: bytes | None = None
-    # The packs of the sealed history as a v3 writer lists them in the next pack it seals.
-    lineage: Lineage = attrs.field(factory=Lineage)
 
 
 def decode_snapshot(data: bytes) -> Snapshot:
@@ -121,7 +117,7 @@ def verify_chain(
         for attempt in range(_RESTARTS + 1):
             through = mark_through(slots)
             try:
-                return _verify(objects, slots, expected_plan, keep_tail, through)
+                return _verify(objects, slots, expected_plan, keep_tail)
             except ChainError:
                 # The mark only moves after a seal is durable, and moves before any prune:
                 # unmoved, nothing was pruned under this walk and the damage is real.
@@ -149,31 +145,18 @@ class _Tail:
 
 
 def _verify(
-    objects: ObjectStore,
-    slots: TaskSlots,
-    expected_plan: tuple[str, Plan] | None,
-    keep: bool,
-    through: int | None,
+    objects: ObjectStore, slots: TaskSlots, expected_plan: tuple[str, Plan] | None, keep: bool
 ) -> VerifiedChain:
     task_id = slots.task_id
-    head_seq, slot_data = head_and_contiguous(slots, 0 if through is None else through + 1)
+    head_seq, slot_data = _read_head_slot(slots)
+    _check_contiguous(slots, head_seq)
     head_id = hash_bytes(slot_data)
     # A power loss may have taken the object's name (v2, FORMAT.md §13 "A lost snapshot
-    # name"): HEAD is then read from its slot, verified by its frame and links. Where the
-    # slot is the snapshot's one copy (S3), its bytes are HEAD's already.
-    if prefetch.worth_it(slots):
-        data = slot_data
-    else:
-        data = _read_snapshot(objects, slots, head_id, head_seq)
+    # name"): HEAD is then read from its slot, verified by its frame and links.
+    data = _read_snapshot(objects, slots, head_id, head_seq)
     head = _decode_at(task_id, head_id, data, head_seq, None)
     anchor = head.sealed
     floor = anchor.through + 1 if anchor is not None else 0
-    fetched = None
-    if prefetch.worth_it(slots):  # every read the walk will make, sent at once
-        given = expected_plan[0] if expected_plan is not None else None
-        pack = [anchor.pack] if anchor is not None else []
-        plan_ahead = head.plan if given == head.plan else None
-        fetched = prefetch.fetch(objects, slots, range(floor, head_seq), pack, plan_ahead)
     tail = _Tail()
     current_id, expected_seq, snapshot = head_id, head_seq, head
     while True:  # HEAD down to the oldest unsealed snapshot, link by link
@@ -190,9 +173,7 @@ def _verify(
         # _check_link saw that a snapshot past sequence 0 names a parent; sequence numbers
         # strictly decrease, so no walk can cycle.
         parent = str(snapshot.parent)
-        # What was read ahead counts only where it hashes to the parent named.
-        ahead = fetched.slot(expected_seq - 1, parent) if fetched is not None else None
-        data = ahead or _read_snapshot(objects, slots, parent, expected_seq - 1)
+        data = _read_snapshot(objects, slots, parent, expected_seq - 1)
         older = _decode_at(task_id, parent, data, expected_seq - 1, snapshot)
         _check_history(task_id, older, snapshot, current_id)
         check_anchor(task_id, older, snapshot, current_id)
@@ -200,21 +181,13 @@ def _verify(
         current_id, expected_seq, snapshot = parent, expected_seq - 1, older
     root_plan, clock, sealed_last = snapshot.plan, tail.clock, None
     refs: tuple[PackRef, ...] = ()
-    lineage = Lineage(root_plan)
     if anchor is not None:
         history = verify_sealed(
-            objects,
-            task_id,
-            anchor,
-            (current_id, snapshot),
-            clock=tail.clock,
-            named=tail.anchors,
-            fetched=fetched.objects if fetched is not None else None,
+            objects, task_id, anchor, (current_id, snapshot), clock=tail.clock, named=tail.anchors
         )
         root_plan, refs, clock = history.root_plan, history.packs, history.clock
-        sealed_last, lineage = history.last_bytes, history.lineage
-    checked = fetched.plan_checked if fetched is not None else None
-    plan, plan_id = _plans(objects, task_id, head, root_plan, expected_plan, checked=checked)
+        sealed_last = history.last_bytes
+    plan, plan_id = _plans(objects, task_id, head, root_plan, expected_plan)
     return VerifiedChain(
         task_id,
         head,
@@ -227,7 +200,6 @@ def _verify(
         clock,
         tuple(reversed(tail.framed)),
         sealed_last,
-        lineage,
     )
 
 
@@ -245,22 +217,76 @@ def _decode_at(
     return snapshot
 
 
+def _check_head_frame(slots: TaskSlots, data: bytes, seq: int) -> None:
+    """A HEAD slot whose own bytes are not a whole object (truncated, emptied) is said to be
+    so: its hash names no object, which would otherwise read as a missing object."""
+    try:
+        codec.unframe(data, "")
+    # The slot's path only now: status checks thousands of HEADs that are whole.
+    except FormatVersionError as exc:
+        raise FormatVersionError(slots.path(seq), exc.found, exc.supported) from None
+    except codec.FrameError as exc:
+        raise ChainError(
+            slots.task_id, f"HEAD slot {seq} is damaged: {exc.reason}", slots.path(seq), seq=seq
+        ) from None
+
+
+def _read_head_slot(slots: TaskSlots) -> tuple[int, bytes]:
+    """HEAD's sequence number (§9.4) and the bytes of its slot; TaskNotFoundError without
+    slot 0, ChainError if the slot cannot be read or is not a whole object."""
+    head_seq = slots.head_seq()
+    if head_seq is None:
+        raise TaskNotFoundError(slots.task_id)
+    try:
+        slot_data = slots.read(head_seq)
+    except StoreIOError:
+        raise  # the system could not read it: not a broken chain (and no backup to restore)
+    except (OSError, CastoreError) as exc:
+        raise ChainError(
+            slots.task_id,
+            f"HEAD slot {head_seq} unreadable: {exc}",
+            slots.path(head_seq),
+            seq=head_seq,
+        ) from exc
+    _check_head_frame(slots, slot_data, head_seq)
+    return head_seq, slot_data
+
+
+def _check_contiguous(slots: TaskSlots, head_seq: int) -> None:
+    """Slots from the lowest kept (0, or above the sealed mark) to HEAD, no gap, nothing
+    beyond. HEAD lookup is a binary search that trusts this; a deleted middle slot would
+    otherwise roll HEAD back and let a second successor commit."""
+    low = slots.lowest_kept()
+    present = [seq for seq in slots.present() if seq >= low]  # sorted
+    count, missing = missing_seqs([seq - low for seq in present], head_seq - low, shown=5)
+    missing = [seq + low for seq in missing]
+    beyond = max(present, default=0) > head_seq + 1
+    # A commit racing this walk may add slots past HEAD (a listing may even show head+2
+    # before head+1); only a slot still missing below a present one is damage.
+    if beyond and not count and not slots.exists(head_seq + 1):
+        count, missing = 1, [head_seq + 1]
+    if count:
+        raise ChainError(
+            slots.task_id,
+            f"chain slots are not contiguous: {len(present)} slots up to "
+            f"{max(present, default=head_seq)}, "
+            f"missing {missing}{'...' if count > 5 else ''}",
+            slots.directory,
+        )
+
+
 def _plans(
     objects: ObjectStore,
     task_id: str,
     head: Snapshot,
     root_plan: str,
     expected_plan: tuple[str, Plan] | None,
-    *,
-    checked: str | None = None,
 ) -> tuple[Plan, str]:
-    """HEAD's plan, verified and decoded, and the plan root verified too (`checked`: a plan
-    whose stored bytes were already found to hash to its id, read ahead)."""
+    """HEAD's plan, verified and decoded, and the plan root verified too."""
     if expected_plan is not None and expected_plan[0] == head.plan:
         # The caller's plan has the same digest: check the stored bytes hash to it (then they
         # are the caller's plan, a framed plan), skip decoding them.
-        if checked != head.plan:
-            check_plan_bytes(objects, task_id, head.plan)
+        check_plan_bytes(objects, task_id, head.plan)
         plan = expected_plan[1]
     else:
         plan = read_plan(objects, task_id, head.plan)

@@ -29,8 +29,8 @@ if TYPE_CHECKING:
 # The version a new store's marker names. An object's header names the lowest version whose
 # reader understands it (docs/FORMAT.md §18): records that use only v1 fields keep their v1
 # bytes, hence their ids, across an upgrade; a v1 reader refuses the rest as unknown, never corrupt.
-FORMAT_VERSION = 3
-SUPPORTED_VERSIONS = (1, 2, 3)
+FORMAT_VERSION = 2
+SUPPORTED_VERSIONS = (1, 2)
 KINDS = ("plan", "snapshot", "blob", "raw", "tree", "pack")
 # Kinds a v1 reader does not know: their header always names version 2.
 V2_KINDS = frozenset({"raw", "tree", "pack"})
@@ -340,13 +340,13 @@ class FrameError(ValueError):
 
 
 def _header_pattern(kinds: tuple[str, ...]) -> bytes:
-    """Headers of intact objects of `kinds`: each v1 kind under any version, each v2-only
-    kind under version 2 or 3 (a v1 header on a pack is malformed, not an old pack)."""
+    """Headers of intact objects of `kinds`: each v1 kind under either version, each v2-only
+    kind under version 2 alone (a v1 header on a pack is malformed, not an old pack)."""
     v1 = [kind for kind in kinds if kind not in V2_KINDS]
     versions = []
     if v1:
         versions.append(b"1 (?:%s)" % b"|".join(kind.encode() for kind in v1))
-    versions.append(b"[23] (?:%s)" % b"|".join(kind.encode() for kind in kinds))
+    versions.append(b"2 (?:%s)" % b"|".join(kind.encode() for kind in kinds))
     return b"%s (?:%s) (0|[1-9][0-9]{0,19})\n" % (MAGIC, b"|".join(versions))
 
 

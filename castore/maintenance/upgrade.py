@@ -1,16 +1,15 @@
-"""`castore upgrade`: bring a format v1 or v2 store to v3, crash-safe and resumable.
+"""`castore upgrade`: turn a format v1 store into a v2 store, crash-safe and resumable.
 
 Three steps, each one a re-run repeats or skips (docs/FORMAT.md §18):
 1. verify the whole store as fsck does; any error and the store is left as it is;
-2. replace castore.json by the v3 marker (the medium's `replace`; on POSIX temp file, fsync,
+2. replace castore.json by the v2 marker (the medium's `replace`; on POSIX temp file, fsync,
    rename over, fsync of the root): the only write that changes the format, and it is atomic;
 3. seal each task's history (`castore.maintenance.sealing.seal_task`, when this castore has it).
 
-A v1 or v2 store is a valid v3 store once its marker says so: v3 reads v1 and v2 objects as
-they are, so step 2 needs to rewrite nothing, and a crash anywhere leaves a store that is as
-it was (nothing written, or at most a temp file of the marker) or v3 (what is left, sealing,
-is done by the next upgrade, or by the tasks' runs, which seal as they go; their next packs
-list the packs below them).
+A v1 store is a valid v2 store once its marker says so: v2 reads v1 objects as they are, so
+step 2 needs to rewrite nothing, and a crash anywhere leaves a store that is v1 (nothing
+written, or at most a temp file of the marker) or v2 (what is left, sealing, is done by the
+next upgrade, or by the tasks' runs, which seal as they go).
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ from typing import Any
 
 from castore import crashpoints
 from castore.errors import CastoreError, ConflictError, TaskBusyError, TaskForgottenError
-from castore.format import codec
 from castore.format.layout import MARKER_KEY
 from castore.format.marker import marker_bytes
 from castore.format.model import attrs
@@ -32,7 +30,7 @@ from castore.store import Store
 
 __all__ = ["TARGET_VERSION", "SealProblem", "UpgradeReport", "upgrade", "write_marker"]
 
-TARGET_VERSION = codec.FORMAT_VERSION
+TARGET_VERSION = 2
 SealTask = Callable[[Store, str], Any]
 
 

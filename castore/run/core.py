@@ -103,8 +103,6 @@ class RunCore:
                 anchor=chain.head.sealed,
                 sealed_last=chain.sealed_last,
                 every=settings.seal_every,
-                # A v3 store's packs list the packs below them (castore.chain.packhistory).
-                lineage=chain.lineage if settings.version >= 3 else None,
             )
             through = mark_through(slots)
             # A crash came between a seal's commit and its prune: the first commit of this run
