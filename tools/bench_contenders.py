@@ -243,7 +243,6 @@ def castore_agents(store: Store, label: str, batch: int) -> tuple[float, list[fl
             run.close()
 
 
-PROC_WINDOW_S = 2.0  # how long the process arm's agents commit, once all are released
 PROC_PLAN_STEPS = 50_000  # more than an agent commits in the window on any machine seen
 
 

@@ -137,7 +137,7 @@ class Parts:
             return found
         body = self.store.get_raw(RawRef(object_id))
         self._keep(object_id, body)
-        return body
+        return self._bodies.get(object_id, body)  # as kept: inflated once, not again to decode
 
     def _keep(self, object_id: str, body: bytes) -> None:
         if object_id in self._bodies:
