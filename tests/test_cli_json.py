@@ -97,6 +97,7 @@ def test_gc_json(store: castore.Store, capsys: pytest.CaptureFixture[str], dry_r
         "dry_run": dry_run,
         "removed": [f"objects/{stray[:2]}/{stray}"],
         "bytes_freed": size,
+        "kept_pending": 0,
         "unreadable_tasks": [],
         "unreadable_objects": {},
         "forgotten": [],

@@ -117,6 +117,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
                 "removed": report.removed,
                 "bytes_freed": report.bytes_freed,
                 "kept_young": report.kept_young,
+                "kept_pending": report.kept_pending,
                 "unreadable_tasks": report.unreadable_tasks,
                 "unreadable_objects": report.unreadable_objects,
                 "forgotten": report.forgotten,
@@ -144,9 +145,14 @@ def cmd_gc(args: argparse.Namespace) -> int:
             f"kept every object: cannot read what {object_id} names: {why} (run `castore fsck`)",
             file=sys.stderr,
         )
+    pending = (
+        f" and {report.kept_pending} pack(s) a seal in progress may still name"
+        if report.kept_pending
+        else ""
+    )
     print(
         f"{verb} {len(report.removed)} file(s), {report.bytes_freed} bytes; "
-        f"kept {report.kept_young} younger than the grace period"
+        f"kept {report.kept_young} younger than the grace period{pending}"
     )
     return status
 

@@ -59,6 +59,7 @@ from castore.format.layout import (
 from castore.format.model import attrs
 from castore.maintenance import reclaim, retention
 from castore.maintenance.grace import DEFAULT_GRACE_S
+from castore.maintenance.pendingseal import PendingSeals
 from castore.maintenance.reach import GcReport, Reachable, listed
 from castore.medium import oserrors
 from castore.medium.base import Entry, Medium
@@ -347,16 +348,20 @@ def _collect(
     crashpoints.reach("gc.slots_read")
     touched: set[str] = set()
     doomed: list[str] = []
+    pending = PendingSeals(medium)
     for key, is_temp in candidates:
         if not is_temp:
-            if not slots.unreadable and posixpath.basename(key) not in slots.referenced:
-                doomed.append(key)  # an unreadable chain might name anything: keep all
+            if slots.unreadable or posixpath.basename(key) in slots.referenced:
+                continue  # an unreadable chain might name anything: keep all
+            if not pending.holds(key):  # a pack a seal in progress may name: pendingseal.py
+                doomed.append(key)
             continue
         size = _remove_temp(medium, key, cutoff, dry_run=dry_run, report=report)
         if size is not None:
             report.removed.append(key)
             report.bytes_freed += size
             touched.add(posixpath.dirname(key))
+    report.kept_pending = pending.kept
     if dry_run:
         for key in doomed:
             size = _old_size(medium, key, cutoff)

@@ -34,6 +34,7 @@ class GcReport:
     removed: list[str] = attrs.field(factory=list)
     bytes_freed: int = 0
     kept_young: int = 0
+    kept_pending: int = 0  # unnamed packs a seal in progress may name (pendingseal.py)
     unreadable_tasks: list[str] = attrs.field(factory=list)
     restored: list[str] = attrs.field(factory=list)  # objects a crashed gc had left aside
     # Snapshot names a power loss took (v2, FORMAT.md §13 "A lost snapshot name"), given back
