@@ -279,37 +279,6 @@ class ObjectStore:
             raise ObjectCorruptError(object_id, self.path(object_id), f"a {found}, not a {kind}")
         return body
 
-    def known(self, object_id: str) -> bytes | None:
-        """The framed bytes of `object_id` if this process has them in hand (this thread's
-        open batch, or stored lately): they hashed to the id when they were put, so they are
-        the object's bytes, with no read. None otherwise. Says nothing of the stored copy:
-        whoever must know the name is there or intact asks the medium (touch, read)."""
-        pending = self.pending(object_id)
-        if pending is not None:
-            return pending
-        with self._recent_lock:
-            return self._recent.get(object_id)
-
-    def get_known(self, object_id: str, kind: str) -> bytes:
-        """`get`, from the bytes in hand when there are some (`known`): a tree this process
-        just stored is not read back to be walked."""
-        data = self.known(object_id)
-        if data is None:
-            return self.get(object_id, kind)
-        found, body = codec.unframe(data, self.path(object_id))
-        if found != kind:
-            raise ObjectCorruptError(object_id, self.path(object_id), f"a {found}, not a {kind}")
-        return body
-
-    def known_kind(self, object_id: str) -> str | None:
-        """`kind_of`, from the bytes in hand when there are some (`known`): an id's kind
-        never changes. Not a look for the name: the caller checks that on its own."""
-        data = self.known(object_id)
-        if data is None:
-            return self.kind_of(object_id)
-        parts = data[: codec.MAX_HEADER].split(b"\n", 1)[0].split(b" ")
-        return parts[2].decode("ascii", "replace") if len(parts) == 4 else None
-
     def kind_of(self, object_id: str) -> str | None:
         """The kind an object's header declares (None if absent or headerless); reads only
         the header, so checking a reference to a large blob costs one small read."""

@@ -151,10 +151,9 @@ def parts_reached(objects: ObjectStore, root: str, known: Collection[str] = ()) 
     while queue:
         object_id = queue.popleft()
         order.append(object_id)
-        # Bytes in hand will do: the commit looks for each name itself (hold), in this order.
-        if object_id in known or objects.known_kind(object_id) != "tree":
+        if object_id in known or objects.kind_of(object_id) != "tree":
             continue
-        for part in decode_tree(objects.get_known(object_id, "tree")).refs.values():
+        for part in decode_tree(objects.get(object_id, "tree")).refs.values():
             if part not in seen:
                 seen.add(part)
                 queue.append(part)

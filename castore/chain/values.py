@@ -108,7 +108,7 @@ class Values:
         self._require_v2("put_tree")
         tallest = 0
         for name, part in sorted(tree.refs.items()):
-            kind = self.objects.known_kind(part)  # that it is there: touch, below
+            kind = self.objects.kind_of(part)
             # A part put in this thread's open batch is named when the batch is published.
             fresh = self.objects.pending(part) is not None
             if kind not in trees.PART_KINDS or not (fresh or self.medium.touch(object_key(part))):
@@ -126,16 +126,12 @@ class Values:
                 f"{trees.MAX_TREE_DEPTH})",
                 "name the parts of the deep trees from a flatter tree",
             )
-        tree_id = self.objects.put_framed(framed)
-        if len(self._heights) > _HEIGHTS_KEPT:
-            self._heights.clear()
-        self._heights[tree_id] = tallest + 1  # the next tree naming it need not read it
-        return TreeRef(tree_id)
+        return TreeRef(self.objects.put_framed(framed))
 
     def get_tree(self, ref: TreeRef | str) -> Tree:
         """The record of a tree object, verified: its `data` and `refs` (name -> id)."""
         tree_id = trees.ref_id(ref)
-        body = self.objects.get_known(tree_id, "tree")
+        body = self.objects.get(tree_id, "tree")
         try:
             return trees.decode_tree(body)
         except ValueError as exc:  # hash-valid but not a tree castore writes
@@ -146,7 +142,7 @@ class Values:
 
         def tree_children(parent: str) -> list[str]:
             refs = self.get_tree(parent).refs.values()
-            return [part for part in refs if self.objects.known_kind(part) == "tree"]
+            return [part for part in refs if self.objects.kind_of(part) == "tree"]
 
         if len(self._heights) > _HEIGHTS_KEPT:
             self._heights.clear()

@@ -189,9 +189,7 @@ class Run(RunCore):
         inline, ref = (None, stored[0]) if stored else (result, None)
         if ref is not None:
             self._objects.restore(validate_object_id(ref))  # gc took it before this commit
-        # Bytes this process holds tell the kind without a read; the commit looks for the
-        # name after its link either way (FORMAT.md 9.3, step 5).
-        kind = self._objects.known_kind(stored[0]) if stored is not None else None
+        kind = self._objects.kind_of(stored[0]) if stored is not None else None
         if stored is not None and kind is None:
             # gc on another client may remove it between restore's look and this read (the
             # look answered from a cache): store it again if this process has its bytes.
