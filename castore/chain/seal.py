@@ -188,6 +188,10 @@ class Sealer:
                 raise self.error
             pending, records = self._tail, self._records
             anchor, parent = self._anchor, self._parent
+            # A ready pack no commit named yet is unreferenced too: the SEAL commit relies on
+            # it (its packs' prev reaches it), so a gc that removed it meanwhile finds it
+            # stored again after the link (FORMAT.md §9.5 step 2).
+            unnamed = [self._ready.pack] if self._ready not in (None, anchor) else []
             if self._ready is not None:
                 offset = self._ready.through - (anchor.through if anchor else -1)
                 pending, anchor, parent = pending[offset:], self._ready, pending[offset - 1]
@@ -195,10 +199,11 @@ class Sealer:
         if not pending:  # a ready pack holds HEAD already
             if anchor is None:
                 raise UsageError(f"task {self._slots.task_id!r}: nothing to seal")
-            return anchor, []
-        return build_packs(
+            return anchor, unnamed
+        sealed, written = build_packs(
             self._objects, pending, anchor, parent, every=self._every, records=records
         )
+        return sealed, [*unnamed, *written]
 
     def _submit(self, job: Callable[[], None]) -> None:
         if self._thread is None:
