@@ -181,18 +181,19 @@ class Sealer:
     def seal_all(self) -> tuple[Sealed, list[str]]:
         """Packs for every snapshot of the tail, HEAD included, built in the caller's thread
         once the queued jobs are done: the anchor a SEAL commit after HEAD carries, and the
-        packs written for it."""
+        packs it relies on (those written for it, and a ready pack no commit named)."""
         self.drain()
         with self._lock:
             if self.error is not None:
                 raise self.error
             pending, records = self._tail, self._records
             anchor, parent = self._anchor, self._parent
-            # A ready pack no commit named yet is unreferenced too: the SEAL commit relies on
-            # it (its packs' prev reaches it), so a gc that removed it meanwhile finds it
-            # stored again after the link (FORMAT.md §9.5 step 2).
-            unnamed = [self._ready.pack] if self._ready not in (None, anchor) else []
+            unnamed: list[str] = []
             if self._ready is not None:
+                # No commit named it yet (_adopt clears it): the SEAL commit relies on it too
+                # (its packs' prev reaches it), so a gc that removed it meanwhile finds it
+                # stored again after the link (FORMAT.md §9.5 step 2).
+                unnamed.append(self._ready.pack)
                 offset = self._ready.through - (anchor.through if anchor else -1)
                 pending, anchor, parent = pending[offset:], self._ready, pending[offset - 1]
                 records = records[offset:]

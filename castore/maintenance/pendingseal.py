@@ -20,13 +20,11 @@ from __future__ import annotations
 import posixpath
 
 from castore.chain import packs
+from castore.chain.objects import ObjectStore
 from castore.chain.sealmark import TaskMarks
 from castore.errors import CastoreError
-from castore.format import codec
 from castore.format.layout import slot_key, task_key
 from castore.medium.base import Medium
-
-_PACK_HEADER = b" pack "
 
 
 class PendingSeals:
@@ -34,6 +32,7 @@ class PendingSeals:
 
     def __init__(self, medium: Medium) -> None:
         self._medium = medium
+        self._objects = ObjectStore(medium)
         self._through: dict[str, int | None] = {}  # task -> its mark's through (None: unknown)
         self.kept = 0
 
@@ -55,12 +54,12 @@ class PendingSeals:
     def _pack_header(self, key: str) -> packs.PackHeader | None:
         """The header of the pack at `key`; None if it is no readable pack (gone, another
         kind, damaged: what no honest seal can name, left to age as before)."""
+        object_id = posixpath.basename(key)
         try:
-            head = self._medium.read_head(key, codec.MAX_HEADER)
-            if _PACK_HEADER not in head.split(b"\n", 1)[0]:
+            if self._objects.kind_of(object_id) != packs.KIND:  # one small read
                 return None
-            data = self._medium.read(key)
-            return packs.parse(posixpath.basename(key), data, self._medium.where(key)).header
+            data = self._objects.read(object_id)
+            return packs.parse(object_id, data, self._objects.path(object_id)).header
         except (CastoreError, OSError, ValueError):
             return None
 
